@@ -1,0 +1,98 @@
+"""Building a registry: import plugins, load declarations, probe every tool once, concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._declarations import capability_from_spec, load_declarations
+from ._errors import DeclarationError
+from ._model import Capability, ToolSpec
+from ._ops import entry_point_modules, load_plugins
+from ._probes import Probe, probe_all
+from ._registry import Registry
+
+
+class BuildConfig(BaseModel):
+    """Everything a build reads. Relative paths must already be resolved."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plugins: tuple[str, ...] = ()
+    plugin_paths: tuple[Path, ...] = ()
+    declarations: tuple[Path, ...] = ()
+    tools: Mapping[str, ToolSpec] = Field(default_factory=dict)
+    variables: Mapping[str, str] = Field(default_factory=dict)
+    entry_points: bool = True
+    label_root: Path | None = None
+
+
+async def build(
+    config: BuildConfig, *, probe: Probe | None = None, fresh: bool = True
+) -> Registry:
+    """Build a fresh :class:`Registry` from ``config``.
+
+    Plugin modules are imported afresh (``fresh``) in a worker thread, so an
+    edited op is picked up and the event loop keeps running. Every declared
+    tool is probed exactly once, all at the same time. Declaration problems are
+    collected on the registry, never raised.
+
+    Raises :class:`PluginError` if a plugin cannot be imported and
+    :class:`ConfigError` if a declarations path does not exist.
+    """
+    modules = list(config.plugins)
+    if config.entry_points:
+        modules.extend(entry_point_modules())
+    ops = await asyncio.to_thread(load_plugins, modules, paths=config.plugin_paths, fresh=fresh)
+    errors: list[DeclarationError] = list(ops.errors)
+
+    capabilities: list[Capability] = []
+    for spec in ops.capabilities:
+        try:
+            capabilities.append(capability_from_spec(spec))
+        except DeclarationError as exc:
+            errors.append(exc)
+
+    declared = await asyncio.to_thread(
+        load_declarations, config.declarations, ops, config.variables, label_root=config.label_root
+    )
+    errors.extend(declared.errors)
+    capabilities.extend(declared.capabilities)
+
+    tools: dict[str, ToolSpec] = dict(config.tools)
+    for tool_id, tool_spec in declared.tools.items():
+        if tool_id in tools and tools[tool_id] != tool_spec:
+            errors.append(DeclarationError(
+                declared.tool_sources[tool_id],
+                f"tool {tool_id!r} is already declared differently in capd.toml",
+                field="tools",
+            ))
+            continue
+        tools[tool_id] = tool_spec
+
+    accepted: dict[str, Capability] = {}
+    for cap in capabilities:
+        if cap.name in accepted:
+            errors.append(DeclarationError(
+                cap.source or "?",
+                f"duplicate name: already declared by {accepted[cap.name].source}",
+                capability=cap.name, field="name",
+            ))
+            continue
+        unknown = [t for t in cap.requires if t not in tools]
+        if unknown:
+            errors.append(DeclarationError(
+                cap.source or "?",
+                f"requires unknown tool {', '.join(repr(t) for t in unknown)}; declare it under "
+                "[tools.<id>] in capd.toml or in a declaration file",
+                capability=cap.name, field="requires",
+            ))
+            continue
+        accepted[cap.name] = cap
+
+    probes = await probe_all(tools, probe=probe)
+    return Registry(accepted.values(), tools, probes, errors=errors, ops=ops, clock=time.time)

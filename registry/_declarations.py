@@ -1,0 +1,228 @@
+"""Inert TOML declarations turned into capabilities.
+
+A declaration file holds one or many ``[[capability]]`` tables, each naming an
+``op`` plus metadata, and optionally ``[tools.<id>]`` tables::
+
+    [tools.vault]
+    kind = "path"
+    path = "{config_dir}/vault"
+
+    [[capability]]
+    name = "notes.append"
+    op = "notes.append"
+    summary = "Append a line to a markdown note."
+    requires = ["vault"]
+    options = { vault = "{config_dir}/vault" }
+
+Every problem becomes a :class:`DeclarationError` naming the file, the
+capability and the field; one bad declaration never stops the others.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from ._errors import ConfigError, DeclarationError
+from ._model import Capability, ToolSpec
+from ._ops import CapabilitySpec, OpTable, infer_parameters
+from ._template import TemplateError, render
+
+_TOOL_ADAPTER: TypeAdapter[ToolSpec] = TypeAdapter(ToolSpec)
+_FILE_KEYS = {"capability", "tools"}
+_RESERVED = {"func", "parameters", "op_id", "source"}
+
+
+@dataclass
+class DeclarationSet:
+    """What loading found: capabilities, tools and errors, in load order."""
+
+    capabilities: list[Capability] = field(default_factory=list)
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
+    tool_sources: dict[str, str] = field(default_factory=dict)
+    errors: list[DeclarationError] = field(default_factory=list)
+
+
+def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
+    """Return one readable sentence for ``exc`` and the first offending field."""
+    parts: list[str] = []
+    first_field: str | None = None
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if first_field is None and err["loc"]:
+            first_field = str(err["loc"][0])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts), first_field
+
+
+def render_vars(value: Any, variables: Mapping[str, str]) -> Any:
+    """Substitute ``{var}`` in every string inside ``value`` (lists and tables included)."""
+    if isinstance(value, str):
+        return render(value, variables)
+    if isinstance(value, list):
+        return [render_vars(v, variables) for v in value]
+    if isinstance(value, dict):
+        return {k: render_vars(v, variables) for k, v in value.items()}
+    return value
+
+
+def parse_tool(tool_id: str, raw: Any, source: str, variables: Mapping[str, str]) -> ToolSpec:
+    """Validate one tool table, with ``{var}`` substituted; raise :class:`DeclarationError`."""
+    try:
+        return _TOOL_ADAPTER.validate_python(render_vars(raw, variables))
+    except TemplateError as exc:
+        raise DeclarationError(source, f"tool {tool_id!r}: {exc}", field="tools") from exc
+    except ValidationError as exc:
+        text, _ = describe_validation_error(exc)
+        raise DeclarationError(source, f"tool {tool_id!r}: {text}", field="tools") from exc
+
+
+def capability_from_spec(spec: CapabilitySpec) -> Capability:
+    """Turn a ``@capability`` marker into a :class:`Capability`; raise :class:`DeclarationError`."""
+    params = spec.parameters or infer_parameters(spec.func)
+    if params is None:
+        raise DeclarationError(
+            spec.source,
+            "cannot tell the parameter model: annotate the first argument with a pydantic "
+            "model or pass params=",
+            capability=spec.name,
+            field="parameters",
+        )
+    try:
+        return Capability(
+            name=spec.name, func=spec.func, parameters=params, source=spec.source, **spec.meta
+        )
+    except ValidationError as exc:
+        text, fld = describe_validation_error(exc)
+        raise DeclarationError(spec.source, text, capability=spec.name, field=fld) from exc
+
+
+def _declared_capability(
+    raw: Any, source: str, index: int, ops: OpTable, variables: Mapping[str, str]
+) -> Capability:
+    if not isinstance(raw, dict):
+        raise DeclarationError(source, f"capability[{index}] must be a table")
+    name = raw.get("name")
+    label = name if isinstance(name, str) else f"capability[{index}]"
+    data = dict(raw)
+    for key in _RESERVED & data.keys():
+        raise DeclarationError(
+            source, f"field '{key}' cannot be declared; it comes from the op", capability=label,
+            field=key,
+        )
+    op_id = data.pop("op", None)
+    if not isinstance(op_id, str) or not op_id:
+        raise DeclarationError(source, "missing field 'op' (the op id to call)", capability=label,
+                               field="op")
+    spec = ops.ops.get(op_id)
+    if spec is None:
+        close = difflib.get_close_matches(op_id, list(ops.ops), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else (
+            f" (known ops: {', '.join(sorted(ops.ops)) or 'none'})"
+        )
+        raise DeclarationError(source, f"unknown op {op_id!r}{hint}", capability=label, field="op")
+    params = spec.parameters or infer_parameters(spec.func)
+    if params is None:
+        raise DeclarationError(
+            source, f"op {op_id!r} ({spec.source}) has no pydantic parameter model",
+            capability=label, field="op",
+        )
+    try:
+        if "options" in data:
+            data["options"] = render_vars(data["options"], variables)
+    except TemplateError as exc:
+        raise DeclarationError(source, str(exc), capability=label, field="options") from exc
+    try:
+        return Capability(func=spec.func, parameters=params, op_id=op_id, source=source, **data)
+    except ValidationError as exc:
+        text, fld = describe_validation_error(exc)
+        raise DeclarationError(source, text, capability=label, field=fld) from exc
+    except TypeError as exc:  # a non-string key in the table
+        raise DeclarationError(source, str(exc), capability=label) from exc
+
+
+def declaration_files(paths: Iterable[Path]) -> list[Path]:
+    """Expand folders to their ``*.toml`` files (sorted); raise :class:`ConfigError` if missing."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(p for p in path.glob("*.toml") if p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ConfigError(
+                f"declarations: {path} does not exist; fix the path in 'declarations' or create it"
+            )
+    return files
+
+
+def load_declarations(
+    paths: Iterable[Path],
+    ops: OpTable,
+    variables: Mapping[str, str],
+    *,
+    label_root: Path | None = None,
+) -> DeclarationSet:
+    """Load every declaration file under ``paths`` against ``ops``.
+
+    Errors are collected, never raised, except :class:`ConfigError` for a path
+    that does not exist.
+    """
+    result = DeclarationSet()
+    for file in declaration_files(paths):
+        source = _label(file, label_root)
+        try:
+            doc = tomllib.loads(file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            result.errors.append(DeclarationError(source, f"not valid TOML: {exc}"))
+            continue
+        except OSError as exc:
+            result.errors.append(DeclarationError(source, f"cannot read: {exc.strerror}"))
+            continue
+        for key in doc.keys() - _FILE_KEYS:
+            result.errors.append(
+                DeclarationError(source, f"unknown top-level key {key!r} (expected [[capability]] "
+                                 "or [tools.<id>])", field=key)
+            )
+        tools = doc.get("tools", {})
+        if not isinstance(tools, dict):
+            result.errors.append(DeclarationError(source, "'tools' must be a table", field="tools"))
+            tools = {}
+        for tool_id, raw in tools.items():
+            try:
+                result.tools[tool_id] = parse_tool(tool_id, raw, source, variables)
+                result.tool_sources[tool_id] = source
+            except DeclarationError as exc:
+                result.errors.append(exc)
+        entries = doc.get("capability", [])
+        if not isinstance(entries, list):
+            result.errors.append(
+                DeclarationError(
+                    source, "use [[capability]] (an array of tables)", field="capability"
+                )
+            )
+            continue
+        for index, raw in enumerate(entries):
+            try:
+                result.capabilities.append(_declared_capability(raw, source, index, ops, variables))
+            except DeclarationError as exc:
+                result.errors.append(exc)
+    return result
+
+
+def _label(file: Path, root: Path | None) -> str:
+    if root is not None:
+        try:
+            return str(file.resolve().relative_to(root.resolve()))
+        except ValueError:
+            pass
+    return str(file)

@@ -1,0 +1,83 @@
+"""The error tree of capd's registry layer.
+
+::
+
+    CapdError
+    └── RegistryError
+        ├── DeclarationError      a capability declaration (TOML or code) is invalid
+        ├── PluginError           a plugin module could not be imported
+        ├── ConfigError           the build configuration is unusable
+        └── UnknownCapability     a lookup named a capability that does not exist
+
+Other packages hang their own subtrees off :class:`CapdError`.
+"""
+
+from __future__ import annotations
+
+
+class CapdError(Exception):
+    """Root of every error capd raises on purpose."""
+
+
+class RegistryError(CapdError):
+    """Root of the registry layer's errors."""
+
+
+class ConfigError(RegistryError):
+    """The configuration cannot be used; the message names the key and what to do."""
+
+
+class PluginError(RegistryError):
+    """A plugin module could not be imported (syntax error, missing dependency)."""
+
+    def __init__(self, module: str, reason: str) -> None:
+        self.module = module
+        self.reason = reason
+        super().__init__(f"plugin {module!r} failed to import: {reason}")
+
+
+class DeclarationError(RegistryError):
+    """A capability declaration is invalid.
+
+    ``source`` is the file (or ``module:function`` for code), ``capability`` the
+    capability's name when known, ``field`` the offending field when known.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        message: str,
+        *,
+        capability: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.source = source
+        self.capability = capability
+        self.field = field
+        self.message = message
+        parts = [source]
+        if capability:
+            parts.append(capability)
+        text = ": ".join(parts)
+        where = f" (field '{field}')" if field and field not in message else ""
+        super().__init__(f"{text}: {message}{where}")
+
+    def as_dict(self) -> dict[str, str | None]:
+        """Return the error as a JSON-ready mapping."""
+        return {
+            "source": self.source,
+            "capability": self.capability,
+            "field": self.field,
+            "message": str(self),
+        }
+
+
+class UnknownCapability(RegistryError, LookupError):
+    """No capability by that name is live or disabled."""
+
+    def __init__(self, name: str, suggestions: list[str] | None = None) -> None:
+        self.name = name
+        self.suggestions = suggestions or []
+        names = ", ".join(repr(s) for s in self.suggestions)
+        hint = f" (did you mean {names}?)" if names else ""
+        super().__init__(f"unknown capability {name!r}{hint}")

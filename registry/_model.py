@@ -1,0 +1,304 @@
+"""The data model: capabilities, tool specs, effect specs and probe results.
+
+Every model here is a frozen pydantic model so that it can cross a boundary
+(config, declaration, API body) without being mutated on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ._template import TemplateError, check_known
+
+RetryPolicy = Literal["manual", "replay", "verify_first"]
+LatencyClass = Literal["inner", "outer", "both"]
+PartialReplay = Literal["safe", "unsafe"]
+
+NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$"
+TOOL_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]*$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------- tools
+
+
+class _ProbeSpec(BaseModel):
+    model_config = _FROZEN
+    timeout_s: float = Field(5.0, gt=0, le=300, description="Give up on the probe after this long.")
+    description: str = ""
+
+    def template_fields(self) -> dict[str, str]:
+        """Return the string fields that may hold ``{var}`` placeholders."""
+        return {}
+
+
+class CommandProbe(_ProbeSpec):
+    """The tool is a CLI: ``which`` finds it on PATH, or ``argv`` runs and exits 0."""
+
+    kind: Literal["command"] = "command"
+    which: str | None = None
+    argv: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> CommandProbe:
+        if (self.which is None) == (self.argv is None):
+            raise ValueError("a command probe needs exactly one of 'which' or 'argv'")
+        if self.argv is not None and not self.argv:
+            raise ValueError("'argv' must name a program")
+        return self
+
+    def template_fields(self) -> dict[str, str]:
+        fields = {"which": self.which} if self.which else {}
+        fields.update({f"argv[{i}]": a for i, a in enumerate(self.argv or ())})
+        return fields
+
+
+class HttpProbe(_ProbeSpec):
+    """The tool is an HTTP service: ``method url`` answers ``expect_status``."""
+
+    kind: Literal["http"] = "http"
+    url: str = Field(pattern=r"^https?://")
+    method: Literal["GET", "HEAD", "POST", "OPTIONS"] = "GET"
+    expect_status: int = Field(200, ge=100, le=599)
+
+    def template_fields(self) -> dict[str, str]:
+        return {"url": self.url}
+
+
+class TcpProbe(_ProbeSpec):
+    """The tool listens on a TCP port: a connection to ``host:port`` succeeds."""
+
+    kind: Literal["tcp"] = "tcp"
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+
+    def template_fields(self) -> dict[str, str]:
+        return {"host": self.host}
+
+
+class UnixProbe(_ProbeSpec):
+    """The tool listens on a Unix socket: a connection to ``path`` succeeds."""
+
+    kind: Literal["unix"] = "unix"
+    path: str
+
+    def template_fields(self) -> dict[str, str]:
+        return {"path": self.path}
+
+
+class PathProbe(_ProbeSpec):
+    """The tool is a file or folder: ``path`` exists (and is writable, if asked)."""
+
+    kind: Literal["path"] = "path"
+    path: str
+    must_be: Literal["any", "file", "dir"] = "any"
+    writable: bool = False
+
+    def template_fields(self) -> dict[str, str]:
+        return {"path": self.path}
+
+
+class PythonProbe(_ProbeSpec):
+    """The tool is checked by a Python callable ``module:attr`` (async or not).
+
+    It passes when it returns anything but ``False`` without raising.
+    """
+
+    kind: Literal["python"] = "python"
+    target: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+ToolSpec = Annotated[
+    CommandProbe | HttpProbe | TcpProbe | UnixProbe | PathProbe | PythonProbe,
+    Field(discriminator="kind"),
+]
+
+
+class ProbeResult(BaseModel):
+    """What one probe of one tool found. ``checked_at`` is UTC epoch seconds."""
+
+    model_config = _FROZEN
+    tool: str
+    ok: bool
+    latency_s: float
+    error: str | None = None
+    checked_at: float
+
+
+# ------------------------------------------------------------------------- effects
+
+
+class _EffectSpec(BaseModel):
+    model_config = _FROZEN
+    description: str = ""
+    timeout_s: float = Field(5.0, gt=0, le=300)
+
+    def template_fields(self) -> dict[str, str]:
+        """Return the string fields that take ``{param}`` placeholders."""
+        return {}
+
+
+class FileContainsEffect(_EffectSpec):
+    """The file at ``path`` contains the literal ``line`` or matches ``regex``."""
+
+    kind: Literal["file_contains"] = "file_contains"
+    path: str
+    line: str | None = None
+    regex: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> FileContainsEffect:
+        if (self.line is None) == (self.regex is None):
+            raise ValueError("a file_contains effect needs exactly one of 'line' or 'regex'")
+        return self
+
+    def template_fields(self) -> dict[str, str]:
+        fields = {"path": self.path}
+        if self.line is not None:
+            fields["line"] = self.line
+        if self.regex is not None:
+            fields["regex"] = self.regex
+        return fields
+
+
+class FileExistsEffect(_EffectSpec):
+    """A file or folder exists at ``path``."""
+
+    kind: Literal["file_exists"] = "file_exists"
+    path: str
+
+    def template_fields(self) -> dict[str, str]:
+        return {"path": self.path}
+
+
+class HttpEffect(_EffectSpec):
+    """``method url`` answers ``expect_status`` (and, if set, a JSON field equals a value)."""
+
+    kind: Literal["http"] = "http"
+    url: str = Field(pattern=r"^https?://")
+    method: Literal["GET", "HEAD"] = "GET"
+    expect_status: int = Field(200, ge=100, le=599)
+    json_field: str | None = None
+    json_equals: str | int | float | bool | None = None
+
+    def template_fields(self) -> dict[str, str]:
+        fields = {"url": self.url}
+        if isinstance(self.json_equals, str):
+            fields["json_equals"] = self.json_equals
+        return fields
+
+
+class CommandEffect(_EffectSpec):
+    """``argv`` exits 0 when the effect is present and 1 when it is absent."""
+
+    kind: Literal["command"] = "command"
+    argv: tuple[str, ...] = Field(min_length=1)
+
+    def template_fields(self) -> dict[str, str]:
+        return {f"argv[{i}]": a for i, a in enumerate(self.argv)}
+
+
+class OpEffect(_EffectSpec):
+    """A verify op (registered with ``@op``) decides: it returns True/False, or None for unknown."""
+
+    kind: Literal["op"] = "op"
+    op: str
+
+
+EffectSpec = Annotated[
+    FileContainsEffect | FileExistsEffect | HttpEffect | CommandEffect | OpEffect,
+    Field(discriminator="kind"),
+]
+
+
+# ---------------------------------------------------------------------- capability
+
+
+class Capability(BaseModel):
+    """One callable unit an agent may invoke.
+
+    ``func`` is called as ``func(params, **options)`` where ``params`` is an
+    instance of ``parameters``; it may be async or plain (plain ones run in a
+    worker thread).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(pattern=NAME_PATTERN, description="Dot-namespaced id, e.g. notes.append.")
+    summary: str = Field(min_length=1)
+    description: str = ""
+    parameters: type[BaseModel]
+    func: Callable[..., Any]
+    requires: tuple[str, ...] = ()
+    mutates_state: bool = False
+    retry_policy: RetryPolicy = "manual"
+    partial_replay: PartialReplay = "unsafe"
+    effects: tuple[EffectSpec, ...] = ()
+    consent_operations: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    latency_class: LatencyClass = "inner"
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    op_id: str | None = None
+    options: Mapping[str, Any] = Field(default_factory=dict)
+    source: str = ""
+
+    @field_validator("requires")
+    @classmethod
+    def _tool_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for tool in value:
+            if not re.match(TOOL_ID_PATTERN, tool):
+                raise ValueError(f"tool id {tool!r} must match {TOOL_ID_PATTERN}")
+        if len(set(value)) != len(value):
+            raise ValueError("a tool is listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _policy_is_coherent(self) -> Capability:
+        if self.retry_policy in ("replay", "verify_first") and not self.mutates_state:
+            raise ValueError(
+                f"retry_policy '{self.retry_policy}' only applies to a capability that mutates "
+                "state; set mutates_state = true or retry_policy = 'manual'"
+            )
+        if self.retry_policy == "verify_first" and not self.effects:
+            raise ValueError(
+                "retry_policy 'verify_first' needs at least one declared effect to verify"
+            )
+        known = set(self.parameters.model_fields) | set(self.options)
+        for index, effect in enumerate(self.effects):
+            for field, template in effect.template_fields().items():
+                try:
+                    unknown = check_known(template, known)
+                except TemplateError as exc:
+                    raise ValueError(f"effects[{index}].{field}: {exc}") from exc
+                if unknown:
+                    raise ValueError(
+                        f"effects[{index}].{field}: unknown placeholder "
+                        f"{', '.join('{' + u + '}' for u in unknown)}; "
+                        f"known names are {', '.join(sorted(known)) or '(none)'}"
+                    )
+        return self
+
+    @property
+    def is_async(self) -> bool:
+        """Whether ``func`` is a coroutine function."""
+        return inspect.iscoroutinefunction(self.func)
+
+    async def invoke(self, params: BaseModel) -> Any:
+        """Call the capability with validated ``params`` and its bound options."""
+        if self.is_async:
+            return await self.func(params, **self.options)
+        return await asyncio.to_thread(self.func, params, **self.options)
+
+
+def is_valid_name(name: str) -> bool:
+    """Whether ``name`` is a well-formed dot-namespaced capability name."""
+    return bool(_NAME_RE.match(name))

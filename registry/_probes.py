@@ -1,0 +1,205 @@
+"""Tool probes: one coroutine per probe kind, each under its own timeout.
+
+A probe never raises for a tool that is down: it returns a :class:`ProbeResult`
+with ``ok=False`` and the reason. It never blocks the event loop: commands run
+through ``asyncio.create_subprocess_exec``, HTTP through aiohttp, sockets
+through asyncio streams. Cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import aiohttp
+
+from ._model import (
+    CommandProbe,
+    HttpProbe,
+    PathProbe,
+    ProbeResult,
+    PythonProbe,
+    TcpProbe,
+    ToolSpec,
+    UnixProbe,
+)
+
+Clock = Callable[[], float]
+
+
+class Probe(Protocol):
+    """Anything that can probe one tool. Tests replace it at this seam."""
+
+    def __call__(self, tool: str, spec: ToolSpec) -> Awaitable[ProbeResult]: ...
+
+
+class ProbeFailed(Exception):
+    """Internal: the tool answered, but not as expected."""
+
+
+def _find_program(program: str) -> bool:
+    return shutil.which(program) is not None or os.path.isfile(program)
+
+
+async def _probe_command(spec: CommandProbe) -> None:
+    program = spec.which if spec.which is not None else (spec.argv or ("",))[0]
+    # PATH lookups touch the disk: keep them off the loop.
+    if not await asyncio.to_thread(_find_program, program):
+        raise ProbeFailed(f"{program!r} not found on PATH")
+    if spec.argv is None:
+        return
+    proc = await asyncio.create_subprocess_exec(
+        *spec.argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, stderr = await proc.communicate()
+    except BaseException:
+        # Timeout or cancellation: never leave the child behind.
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.shield(proc.wait())
+        raise
+    if proc.returncode != 0:
+        tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        command = " ".join(spec.argv)
+        raise ProbeFailed(f"{command!r} exited {proc.returncode}: {tail[0]}".rstrip(": "))
+
+
+async def _probe_http(spec: HttpProbe, session: aiohttp.ClientSession | None) -> None:
+    owned = session is None
+    client = session or aiohttp.ClientSession()
+    try:
+        async with client.request(spec.method, spec.url, allow_redirects=False) as response:
+            if response.status != spec.expect_status:
+                raise ProbeFailed(
+                    f"{spec.method} {spec.url} answered {response.status}, "
+                    f"expected {spec.expect_status}"
+                )
+    finally:
+        if owned:
+            await client.close()
+
+
+async def _probe_tcp(spec: TcpProbe) -> None:
+    _, writer = await asyncio.open_connection(spec.host, spec.port)
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+
+
+async def _probe_unix(spec: UnixProbe) -> None:
+    _, writer = await asyncio.open_unix_connection(spec.path)
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+
+
+async def _probe_path(spec: PathProbe) -> None:
+    await asyncio.to_thread(_check_path, spec)
+
+
+def _check_path(spec: PathProbe) -> None:
+    path = spec.path
+    if not os.path.exists(path):
+        raise ProbeFailed(f"{path} does not exist")
+    if spec.must_be == "dir" and not os.path.isdir(path):
+        raise ProbeFailed(f"{path} is not a folder")
+    if spec.must_be == "file" and not os.path.isfile(path):
+        raise ProbeFailed(f"{path} is not a file")
+    if spec.writable and not os.access(path, os.W_OK):
+        raise ProbeFailed(f"{path} is not writable")
+
+
+async def _probe_python(spec: PythonProbe) -> None:
+    module_name, _, attr_path = spec.target.partition(":")
+    module = await asyncio.to_thread(importlib.import_module, module_name)
+    target: object = module
+    for part in attr_path.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise ProbeFailed(f"{spec.target} is not callable")
+    outcome = target()
+    if inspect.isawaitable(outcome):
+        outcome = await outcome
+    if outcome is False:
+        raise ProbeFailed(f"{spec.target} returned False")
+
+
+async def run_probe(
+    tool: str,
+    spec: ToolSpec,
+    *,
+    session: aiohttp.ClientSession | None = None,
+    clock: Clock = time.time,
+    monotonic: Clock = time.perf_counter,
+) -> ProbeResult:
+    """Probe ``tool`` once under ``spec.timeout_s`` and return what was found.
+
+    Never raises for a failing tool; re-raises cancellation.
+    """
+    started = monotonic()
+    error: str | None = None
+    try:
+        async with asyncio.timeout(spec.timeout_s):
+            match spec:
+                case CommandProbe():
+                    await _probe_command(spec)
+                case HttpProbe():
+                    await _probe_http(spec, session)
+                case TcpProbe():
+                    await _probe_tcp(spec)
+                case UnixProbe():
+                    await _probe_unix(spec)
+                case PathProbe():
+                    await _probe_path(spec)
+                case PythonProbe():
+                    await _probe_python(spec)
+    except TimeoutError:
+        error = f"timed out after {spec.timeout_s:g}s"
+    except ProbeFailed as exc:
+        error = str(exc)
+    except aiohttp.ClientConnectorError as exc:
+        errno = exc.os_error.errno
+        reason = os.strerror(errno) if errno else str(exc.os_error)
+        error = f"cannot connect to {exc.host}:{exc.port}: {reason}"
+    except OSError as exc:
+        error = f"{type(exc).__name__}: {exc.strerror or exc}"
+    except Exception as exc:  # a probe reports any failure of the tool as data
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return ProbeResult(
+        tool=tool,
+        ok=error is None,
+        latency_s=monotonic() - started,
+        error=error,
+        checked_at=clock(),
+    )
+
+
+async def probe_all(
+    specs: Mapping[str, ToolSpec], *, probe: Probe | None = None
+) -> dict[str, ProbeResult]:
+    """Probe every tool in ``specs`` once, all at the same time.
+
+    The whole batch costs about the slowest probe, not the sum. With no
+    ``probe`` given, the real probes run and share one HTTP session.
+    """
+    if not specs:
+        return {}
+    if probe is not None:
+        results = await asyncio.gather(*(probe(tool, spec) for tool, spec in specs.items()))
+        return {r.tool: r for r in results}
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(
+            *(run_probe(tool, spec, session=session) for tool, spec in specs.items())
+        )
+    return {r.tool: r for r in results}

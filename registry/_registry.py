@@ -1,0 +1,190 @@
+"""The Registry: live and disabled capabilities, owned by whoever built it.
+
+There is no module-level registry. A build returns a :class:`Registry`; the
+daemon holds one and swaps it whole on reload. Between reloads, the recovery
+layer moves capabilities between live and disabled *in place* through
+:meth:`Registry.record_probe` and :meth:`Registry.mark_tool_down`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ._errors import DeclarationError, UnknownCapability
+from ._model import Capability, ProbeResult, ToolSpec
+from ._ops import OpTable
+
+
+@dataclass(frozen=True)
+class DisabledEntry:
+    """A capability kept whole, with the tools it misses and why."""
+
+    capability: Capability
+    missing: tuple[str, ...]
+    errors: Mapping[str, str]
+    since: float
+
+
+@dataclass(frozen=True)
+class RegistrySnapshot:
+    """An immutable view of a registry at one moment."""
+
+    live: Mapping[str, Capability]
+    disabled: Mapping[str, DisabledEntry]
+    tools: Mapping[str, ToolSpec]
+    probes: Mapping[str, ProbeResult]
+    errors: tuple[DeclarationError, ...]
+    built_at: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Live, disabled and declaration-error counts."""
+        return {"live": len(self.live), "disabled": len(self.disabled), "errors": len(self.errors)}
+
+
+class Registry:
+    """Capabilities partitioned into live and disabled by their tools' probe results.
+
+    Lookups are O(1). Not thread-safe: it belongs to one event loop.
+    """
+
+    def __init__(
+        self,
+        capabilities: Iterable[Capability],
+        tools: Mapping[str, ToolSpec],
+        probes: Mapping[str, ProbeResult],
+        *,
+        errors: Iterable[DeclarationError] = (),
+        ops: OpTable | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
+        self._all: dict[str, Capability] = {}
+        self._live: dict[str, Capability] = {}
+        self._disabled: dict[str, DisabledEntry] = {}
+        self._tools = dict(tools)
+        self._probes = dict(probes)
+        self._errors = tuple(errors)
+        self._by_tool: dict[str, set[str]] = {}
+        self.ops = ops or OpTable()
+        self.built_at = clock()
+        for cap in capabilities:
+            if cap.name in self._all:
+                raise ValueError(f"duplicate capability {cap.name!r}")
+            self._all[cap.name] = cap
+            for tool in cap.requires:
+                self._by_tool.setdefault(tool, set()).add(cap.name)
+            self._place(cap)
+
+    # ----------------------------------------------------------------- lookups
+
+    def get(self, name: str) -> Capability:
+        """Return the capability ``name``, live or disabled; raise :class:`UnknownCapability`."""
+        try:
+            return self._all[name]
+        except KeyError:
+            raise UnknownCapability(
+                name, difflib.get_close_matches(name, list(self._all), n=3, cutoff=0.6)
+            ) from None
+
+    def is_live(self, name: str) -> bool:
+        """Whether ``name`` is live (False for disabled; raises for unknown)."""
+        self.get(name)
+        return name in self._live
+
+    def disabled_entry(self, name: str) -> DisabledEntry | None:
+        """Return the disabled entry of ``name``, or None when it is live."""
+        self.get(name)
+        return self._disabled.get(name)
+
+    def tool_spec(self, tool: str) -> ToolSpec:
+        """Return the spec of ``tool``; raise KeyError when it is not declared."""
+        return self._tools[tool]
+
+    def probe_result(self, tool: str) -> ProbeResult | None:
+        """Return the last probe result of ``tool``, if it was ever probed."""
+        return self._probes.get(tool)
+
+    def capabilities_requiring(self, tool: str) -> frozenset[str]:
+        """Return the names of capabilities that require ``tool``."""
+        return frozenset(self._by_tool.get(tool, ()))
+
+    def disabled_tools(self) -> frozenset[str]:
+        """Return every tool some disabled capability misses."""
+        return frozenset(t for entry in self._disabled.values() for t in entry.missing)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._all
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def snapshot(self) -> RegistrySnapshot:
+        """Return an immutable view of the registry now."""
+        return RegistrySnapshot(
+            live=MappingProxyType(dict(self._live)),
+            disabled=MappingProxyType(dict(self._disabled)),
+            tools=MappingProxyType(dict(self._tools)),
+            probes=MappingProxyType(dict(self._probes)),
+            errors=self._errors,
+            built_at=self.built_at,
+        )
+
+    # ---------------------------------------------------------------- changes
+
+    def record_probe(self, result: ProbeResult) -> tuple[list[str], list[str]]:
+        """Store ``result`` and re-place every capability that requires its tool.
+
+        Returns ``(restored, disabled)``: the names that became live and the
+        names that became disabled because of it.
+        """
+        self._probes[result.tool] = result
+        restored: list[str] = []
+        disabled: list[str] = []
+        for name in sorted(self._by_tool.get(result.tool, ())):
+            was_live = name in self._live
+            self._place(self._all[name])
+            now_live = name in self._live
+            if now_live and not was_live:
+                restored.append(name)
+            elif was_live and not now_live:
+                disabled.append(name)
+        return restored, disabled
+
+    def mark_tool_down(self, tool: str, error: str) -> list[str]:
+        """Passive health: record ``tool`` as failed without a probe; return newly disabled."""
+        previous = self._probes.get(tool)
+        latency = previous.latency_s if previous else 0.0
+        result = ProbeResult(tool=tool, ok=False, latency_s=latency, error=error,
+                             checked_at=self._clock())
+        return self.record_probe(result)[1]
+
+    def _place(self, cap: Capability) -> None:
+        missing = tuple(t for t in cap.requires if not self._tool_ok(t))
+        if not missing:
+            self._disabled.pop(cap.name, None)
+            self._live[cap.name] = cap
+            return
+        self._live.pop(cap.name, None)
+        previous = self._disabled.get(cap.name)
+        errors = {t: self._tool_error(t) for t in missing}
+        self._disabled[cap.name] = DisabledEntry(
+            capability=cap,
+            missing=missing,
+            errors=MappingProxyType(errors),
+            since=previous.since if previous else self._clock(),
+        )
+
+    def _tool_ok(self, tool: str) -> bool:
+        result = self._probes.get(tool)
+        return result is not None and result.ok
+
+    def _tool_error(self, tool: str) -> str:
+        result = self._probes.get(tool)
+        if result is None:
+            return "never probed" if tool in self._tools else "tool is not declared"
+        return result.error or "probe failed"

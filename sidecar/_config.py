@@ -1,0 +1,132 @@
+"""capd.toml, read with pydantic-settings; every key overridable by ``CAPD_*`` variables.
+
+Nested keys use ``__``: ``CAPD_VARS__VAULT=/srv/notes``. Relative paths in the
+file are relative to the file's folder. ``{config_dir}`` and the ``[vars]``
+table are substituted into tool specs and declaration options.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from registry import BuildConfig, ConfigError, DeclarationError, TemplateError, ToolSpec
+from registry._declarations import describe_validation_error, parse_tool, render_vars
+
+DEFAULT_CONFIG_ENV = "CAPD_CONFIG"
+
+
+class CapdConfig(BaseSettings):
+    """The daemon's configuration. Unknown keys are an error naming the key."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CAPD_", extra="forbid", env_nested_delimiter="__", frozen=True
+    )
+
+    plugins: list[str] = Field(default_factory=list, description="Python modules holding ops.")
+    plugin_paths: list[str] = Field(default_factory=list, description="Folders put on sys.path.")
+    declarations: list[str] = Field(default_factory=list, description="TOML files or folders.")
+    tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    vars: dict[str, str] = Field(default_factory=dict)
+    entry_points: bool = True
+    socket: str | None = None
+    state_dir: str | None = None
+    recheck_cooldown_s: float = Field(30.0, ge=0)
+    recheck_interval_s: float = Field(30.0, gt=0)
+    drain_grace_s: float = Field(10.0, ge=0)
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first: a CAPD_* variable overrides the file.
+        return (env_settings, init_settings)
+
+
+class LoadedConfig:
+    """A validated config plus where it came from."""
+
+    def __init__(self, config: CapdConfig, path: Path | None) -> None:
+        self.config = config
+        self.path = path
+        self.dir = path.parent.resolve() if path else Path.cwd()
+
+    def resolve(self, value: str) -> Path:
+        """Resolve ``value`` against the config file's folder."""
+        path = Path(os.path.expanduser(value))
+        return path if path.is_absolute() else self.dir / path
+
+    @property
+    def variables(self) -> dict[str, str]:
+        """``config_dir`` plus the ``[vars]`` table (whose values may use ``{config_dir}``)."""
+        base = {"config_dir": str(self.dir)}
+        try:
+            rendered = {k: render_vars(v, base) for k, v in self.config.vars.items()}
+        except TemplateError as exc:
+            raise ConfigError(f"vars: {exc}") from exc
+        return {**base, **rendered}
+
+    def tools(self) -> dict[str, ToolSpec]:
+        """Validate the ``[tools]`` tables, variables substituted; raise :class:`ConfigError`."""
+        variables = self.variables
+        try:
+            return {
+                tool_id: parse_tool(tool_id, raw, self.label, variables)
+                for tool_id, raw in self.config.tools.items()
+            }
+        except DeclarationError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    @property
+    def label(self) -> str:
+        """The config file's name for messages."""
+        return str(self.path) if self.path else "environment"
+
+    def build_config(self) -> BuildConfig:
+        """Return what :func:`registry.build` needs, paths resolved."""
+        return BuildConfig(
+            plugins=tuple(self.config.plugins),
+            plugin_paths=tuple(self.resolve(p) for p in self.config.plugin_paths),
+            declarations=tuple(self.resolve(p) for p in self.config.declarations),
+            tools=self.tools(),
+            variables=self.variables,
+            entry_points=self.config.entry_points,
+            label_root=self.dir,
+        )
+
+
+def load_config(path: Path | None) -> LoadedConfig:
+    """Read and validate ``path`` (or only the environment when None).
+
+    Raises :class:`ConfigError` with one sentence naming the file and the key.
+    """
+    data: dict[str, Any] = {}
+    label = str(path) if path else "environment"
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} not found; pass --config PATH") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        config = CapdConfig(**data)
+    except ValidationError as exc:
+        text, _ = describe_validation_error(exc)
+        raise ConfigError(f"{label}: {text.replace('unknown field', 'unknown key')}") from exc
+    loaded = LoadedConfig(config, path)
+    loaded.tools()  # a broken tool spec is a config error, found now
+    return loaded

@@ -1,0 +1,100 @@
+"""JSON views of registry objects, shared by the CLI and the HTTP API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry import Capability, DisabledEntry, ProbeResult, RegistrySnapshot, parameters_schema
+
+
+def probe_view(result: ProbeResult | None) -> dict[str, Any] | None:
+    """A probe result as JSON, or None when the tool was never probed."""
+    return None if result is None else result.model_dump(mode="json")
+
+
+def capsule(cap: Capability, *, live: bool) -> dict[str, Any]:
+    """The small discovery view of a capability."""
+    return {
+        "name": cap.name,
+        "summary": cap.summary,
+        "tags": list(cap.tags),
+        "latency_class": cap.latency_class,
+        "state": "live" if live else "disabled",
+    }
+
+
+def disabled_view(entry: DisabledEntry, snapshot: RegistrySnapshot) -> dict[str, Any]:
+    """Why a capability is disabled: its missing tools, their errors and last probe times."""
+    return {
+        "missing": list(entry.missing),
+        "errors": dict(entry.errors),
+        "since": entry.since,
+        "last_probed": {
+            tool: (snapshot.probes[tool].checked_at if tool in snapshot.probes else None)
+            for tool in entry.missing
+        },
+    }
+
+
+def manifest(cap: Capability, snapshot: RegistrySnapshot) -> dict[str, Any]:
+    """The full view of a capability, with its parameters' JSON Schema."""
+    entry = snapshot.disabled.get(cap.name)
+    body: dict[str, Any] = {
+        **capsule(cap, live=entry is None),
+        "description": cap.description,
+        "parameters": parameters_schema(cap.parameters),
+        "requires": list(cap.requires),
+        "mutates_state": cap.mutates_state,
+        "retry_policy": cap.retry_policy,
+        "partial_replay": cap.partial_replay,
+        "effects": [e.model_dump(mode="json") for e in cap.effects],
+        "consent_operations": list(cap.consent_operations),
+        "aliases": list(cap.aliases),
+        "timeout_s": cap.timeout_s,
+        "op_id": cap.op_id,
+        "source": cap.source,
+    }
+    if entry is not None:
+        body["disabled"] = disabled_view(entry, snapshot)
+    return body
+
+
+def check_report(snapshot: RegistrySnapshot) -> dict[str, Any]:
+    """What ``capd check --json`` prints: live, disabled, tools and declaration errors."""
+    return {
+        "live": [
+            {"name": c.name, "requires": list(c.requires)}
+            for c in sorted(snapshot.live.values(), key=lambda c: c.name)
+        ],
+        "disabled": [
+            {"name": name, "requires": list(e.capability.requires), **disabled_view(e, snapshot)}
+            for name, e in sorted(snapshot.disabled.items())
+        ],
+        "tools": {tool: probe_view(r) for tool, r in sorted(snapshot.probes.items())},
+        "errors": [e.as_dict() for e in snapshot.errors],
+        "counts": snapshot.counts,
+    }
+
+
+def render_check_table(report: dict[str, Any]) -> str:
+    """The human table ``capd check`` prints."""
+    lines: list[str] = []
+    rows: list[tuple[str, str, str]] = []
+    for item in report["live"]:
+        rows.append(("live", item["name"], ", ".join(item["requires"]) or "-"))
+    for item in report["disabled"]:
+        why = "; ".join(f"missing {t}: {err}" for t, err in item["errors"].items())
+        rows.append(("disabled", item["name"], why))
+    width = max((len(r[1]) for r in rows), default=10)
+    lines.append(f"{'STATE':<9} {'CAPABILITY':<{width}} DETAIL")
+    for state, name, detail in rows:
+        lines.append(f"{state:<9} {name:<{width}} {detail}")
+    counts = report["counts"]
+    lines.append("")
+    lines.append(
+        f"{counts['live']} live, {counts['disabled']} disabled, "
+        f"{counts['errors']} declaration error(s)"
+    )
+    for err in report["errors"]:
+        lines.append(f"error: {err['message']}")
+    return "\n".join(lines)
