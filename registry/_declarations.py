@@ -140,7 +140,9 @@ def _declared_capability(
         if "options" in data:
             data["options"] = render_vars(data["options"], variables)
     except TemplateError as exc:
-        raise DeclarationError(source, str(exc), capability=label, field="options") from exc
+        raise DeclarationError(
+            source, f"options: {exc}", capability=label, field="options"
+        ) from exc
     try:
         return Capability(func=spec.func, parameters=params, op_id=op_id, source=source, **data)
     except ValidationError as exc:

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import os
 import shutil
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
@@ -98,10 +99,20 @@ async def _probe_tcp(spec: TcpProbe) -> None:
 
 
 async def _probe_unix(spec: UnixProbe) -> None:
-    _, writer = await asyncio.open_unix_connection(spec.path)
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
+    # On Linux a non-blocking connect to a Unix listener whose backlog is full
+    # fails with EAGAIN and is *not* in progress (asyncio would then report a
+    # false success), so retry with a short back-off until the probe's timeout.
+    delay = 0.01
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.setblocking(False)
+        while True:
+            try:
+                sock.connect(spec.path)
+            except BlockingIOError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.2)
+                continue
+            return
 
 
 async def _probe_path(spec: PathProbe) -> None:

@@ -1,0 +1,99 @@
+"""Build cost: 500 capabilities over 50 tools whose probes each take 200 ms.
+
+Prints the build's wall time and its ratio to the sequential sum of probe
+times (the baseline: what probing one tool after another would cost). Two
+probe kinds are measured: a Python probe (asyncio.sleep) and a real
+subprocess (`sleep 0.2`).
+
+    python bench/build.py [--caps 500] [--tools 50] [--probe-s 0.2] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from registry import BuildConfig, CommandProbe, PythonProbe, ToolSpec, build
+
+
+def write_pack(folder: Path, caps: int, tools: int, probe_s: float) -> None:
+    (folder / "bench_pack.py").write_text(textwrap.dedent(f'''
+        import asyncio
+        from pydantic import BaseModel
+        from registry import op
+
+        class P(BaseModel):
+            x: int = 0
+
+        @op("bench.noop")
+        async def noop(params: P) -> int:
+            return params.x
+
+        async def slow_probe() -> bool:
+            await asyncio.sleep({probe_s})
+            return True
+    '''))
+    lines = []
+    for i in range(caps):
+        lines.append(textwrap.dedent(f'''
+            [[capability]]
+            name = "bench.cap{i}"
+            op = "bench.noop"
+            summary = "Benchmark capability {i}."
+            requires = ["tool{i % tools}", "tool{(i * 7 + 3) % tools}"]
+        '''))
+    (folder / "caps.toml").write_text("".join(lines).replace('["tool0", "tool0"]', '["tool0"]'))
+
+
+async def measure(config: BuildConfig) -> float:
+    started = time.perf_counter()
+    registry = await build(config, fresh=True)
+    elapsed = time.perf_counter() - started
+    snap = registry.snapshot()
+    assert not snap.errors, snap.errors[:3]
+    assert len(snap.live) + len(snap.disabled) == len(registry)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--caps", type=int, default=500)
+    parser.add_argument("--tools", type=int, default=50)
+    parser.add_argument("--probe-s", type=float, default=0.2)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write_pack(folder, args.caps, args.tools, args.probe_s)
+        sys.path.insert(0, str(folder))
+        kinds: dict[str, dict[str, ToolSpec]] = {
+            "python probe (asyncio.sleep)": {
+                f"tool{i}": PythonProbe(target="bench_pack:slow_probe") for i in range(args.tools)
+            },
+            "command probe (sleep subprocess)": {
+                f"tool{i}": CommandProbe(argv=("sleep", str(args.probe_s)))
+                for i in range(args.tools)
+            },
+        }
+        sequential = args.tools * args.probe_s
+        print(f"build of {args.caps} capabilities over {args.tools} tools, "
+              f"each probe {args.probe_s * 1000:.0f} ms")
+        print(f"baseline: sequential sum of probe times = {sequential:.2f} s")
+        for label, tools in kinds.items():
+            config = BuildConfig(plugins=("bench_pack",), declarations=(folder / "caps.toml",),
+                                 tools=tools, entry_points=False)
+            times = [asyncio.run(measure(config)) for _ in range(args.repeat)]
+            best, median = min(times), statistics.median(times)
+            print(f"  {label:<34} median {median:.3f} s  best {best:.3f} s  "
+                  f"ratio to sequential {median / sequential:.3f} "
+                  f"({sequential / median:.1f}x faster)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Shared fixtures: real servers on 127.0.0.1 and Unix sockets, real files."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+class HttpServer:
+    """A real aiohttp server on 127.0.0.1 whose health can be flipped."""
+
+    def __init__(self) -> None:
+        self.healthy = True
+        self.port = 0
+        self.hits = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        self.hits += 1
+        return web.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
+
+    async def _slow(self, _request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response(text="late")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/slow", self._slow)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def http_server() -> AsyncIterator[HttpServer]:
+    server = HttpServer()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temp folder: Unix socket paths must stay under 108 bytes."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="capd-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def plugin_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str, str], Path]]:
+    """Write a plugin module into a folder on sys.path; returns a writer."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    written: list[str] = []
+
+    def write(name: str, source: str) -> Path:
+        path = folder / f"{name}.py"
+        path.write_text(textwrap.dedent(source), encoding="utf-8")
+        written.append(name)
+        return path
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def example_copy(tmp_path: Path) -> Path:
+    """A private copy of examples/ so tests never write into the repository."""
+    target = tmp_path / "example"
+    shutil.copytree(EXAMPLES, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
