@@ -1,3 +1,20 @@
-"""capd's recovery layer: re-probes with cooldown, the durable retry queue, effect verification."""
+"""capd's recovery layer: re-probes with cooldown (and next, the durable retry queue)."""
 
-__all__: list[str] = []
+from ._errors import RecoveryError, UnknownTool
+from ._recheck import (
+    DEFAULT_COOLDOWN_S,
+    CapabilityRecheck,
+    Rechecker,
+    RecheckStats,
+    ToolRecheck,
+)
+
+__all__ = [
+    "DEFAULT_COOLDOWN_S",
+    "CapabilityRecheck",
+    "RecheckStats",
+    "Rechecker",
+    "RecoveryError",
+    "ToolRecheck",
+    "UnknownTool",
+]

@@ -35,12 +35,21 @@ from ._model import (
     is_valid_name,
 )
 from ._ops import CapabilitySpec, OpSpec, OpTable, capability, load_plugins, op
+from ._outcomes import (
+    Blocked,
+    Partial,
+    PermanentToolError,
+    ToolError,
+    ToolUnavailable,
+    TransientToolError,
+)
 from ._probes import Probe, probe_all, run_probe
 from ._registry import DisabledEntry, Registry, RegistrySnapshot
 from ._schema import parameters_schema
 from ._template import TemplateError, placeholders, render
 
 __all__ = [
+    "Blocked",
     "BuildConfig",
     "Capability",
     "CapabilitySpec",
@@ -60,8 +69,10 @@ __all__ = [
     "OpEffect",
     "OpSpec",
     "OpTable",
+    "Partial",
     "PartialReplay",
     "PathProbe",
+    "PermanentToolError",
     "PluginError",
     "Probe",
     "ProbeResult",
@@ -72,7 +83,10 @@ __all__ = [
     "RetryPolicy",
     "TcpProbe",
     "TemplateError",
+    "ToolError",
     "ToolSpec",
+    "ToolUnavailable",
+    "TransientToolError",
     "UnixProbe",
     "UnknownCapability",
     "build",

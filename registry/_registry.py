@@ -105,6 +105,14 @@ class Registry:
         """Return the spec of ``tool``; raise KeyError when it is not declared."""
         return self._tools[tool]
 
+    def live_view(self) -> Mapping[str, Capability]:
+        """A read-only view of the live map that follows later changes (no copy)."""
+        return MappingProxyType(self._live)
+
+    def has_tool(self, tool: str) -> bool:
+        """Whether ``tool`` is declared in this registry."""
+        return tool in self._tools
+
     def probe_result(self, tool: str) -> ProbeResult | None:
         """Return the last probe result of ``tool``, if it was ever probed."""
         return self._probes.get(tool)

@@ -15,6 +15,8 @@ REGISTRY = {
     "TcpProbe", "TemplateError", "ToolSpec", "UnixProbe", "UnknownCapability", "build",
     "capability", "is_valid_name", "load_declarations", "load_plugins", "op",
     "parameters_schema", "placeholders", "probe_all", "render", "run_probe",
+    "Blocked", "Partial", "PermanentToolError", "ToolError", "ToolUnavailable",
+    "TransientToolError",
 }
 
 

@@ -1,0 +1,55 @@
+"""What an op raises or returns to tell the gateway how a call went.
+
+Ops import these from ``registry`` (the layer plugins already depend on)::
+
+    ToolError
+    ├── ToolUnavailable      the tool is down: transient, and the capability is disabled
+    ├── TransientToolError   try again later (optionally after ``retry_after_s``)
+    ├── PermanentToolError   retrying will not help
+    └── Blocked              a policy refused the call
+
+Any other exception is treated as permanent, with its type named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class ToolError(Exception):
+    """Root of the errors an op raises on purpose."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class ToolUnavailable(ToolError):
+    """The tool behind the capability is down. ``tool`` names it when the op knows which."""
+
+    def __init__(self, message: str, *, tool: str | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.tool = tool
+
+
+class TransientToolError(ToolError):
+    """A failure that may pass: a timeout upstream, a 503, a lock held elsewhere."""
+
+
+class PermanentToolError(ToolError):
+    """A failure that retrying will not fix: bad input the schema could not catch, a 404."""
+
+
+class Blocked(ToolError):
+    """A before-hook or policy refused the call."""
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Return this from an op when only part of the work was done."""
+
+    value: Any
+    message: str

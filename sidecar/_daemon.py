@@ -1,0 +1,191 @@
+"""The daemon: owns the registry, the rechecker, the gateway and every task.
+
+Start-up reads as phases: config → build → bind socket → serve → ready.
+Shutdown too: draining (new calls refused with 503) → wait for in-flight calls
+within the grace period → close the server → stop background tasks → remove
+the socket file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import os
+import signal
+import time
+from collections.abc import Awaitable, Coroutine
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import structlog
+from aiohttp import web
+
+from recovery import Rechecker
+from registry import Registry, build
+
+from ._api import make_app
+from ._config import LoadedConfig, load_config
+from ._gateway import Gateway
+from ._reload import Reloader
+from ._socket import bind_unix_socket, default_socket_path, remove_socket, socket_inode
+
+log = structlog.get_logger("capd.daemon")
+
+T = TypeVar("T")
+State = Literal["starting", "ready", "draining", "stopped"]
+
+
+def capd_version() -> str:
+    """The installed package's version."""
+    try:
+        return importlib.metadata.version("capd")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+class Daemon:
+    """One capd process. Build it, then ``await run()``; ``request_stop()`` ends it."""
+
+    stall_threshold_s = 5.0
+    lag_interval_s = 0.5
+
+    def __init__(self, loaded: LoadedConfig, *, socket_path: Path | None = None) -> None:
+        self.loaded = loaded
+        config = loaded.config
+        self.socket_path = socket_path or (
+            loaded.resolve(config.socket) if config.socket else default_socket_path()
+        )
+        self.version = capd_version()
+        self.pid = os.getpid()
+        self.state: State = "starting"
+        self.loop_lag_s = 0.0
+        self._started = time.monotonic()
+        self._stop = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        self.registry: Registry = Registry((), {}, {})
+        self.rechecker = Rechecker(lambda: self.registry, cooldown_s=config.recheck_cooldown_s)
+        self.gateway = Gateway(lambda: self.registry, self.rechecker)
+        self.reloader = Reloader(self._rebuild, self._swap, spawn=self.spawn)
+
+    @property
+    def uptime_s(self) -> float:
+        """Seconds since the daemon object was made."""
+        return time.monotonic() - self._started
+
+    def spawn(self, coro: Awaitable[T]) -> asyncio.Task[T]:
+        """Start an owned background task; its failure is logged, never lost."""
+        async def wrapper() -> T:
+            return await coro
+
+        task = asyncio.get_running_loop().create_task(wrapper())
+        self._background.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task_failed", task=task.get_name(), error=repr(task.exception()))
+
+    def task_stats(self) -> dict[str, int]:
+        """Counts of owned background tasks."""
+        return {"background": len(self._background)}
+
+    def request_stop(self) -> None:
+        """Begin the shutdown sequence (idempotent)."""
+        if not self._stop.is_set():
+            log.info("stop_requested")
+            self._stop.set()
+
+    async def _rebuild(self) -> Registry:
+        loaded = await asyncio.to_thread(load_config, self.loaded.path)
+        registry = await build(loaded.build_config())
+        self.loaded = loaded
+        return registry
+
+    def _swap(self, registry: Registry) -> None:
+        self.registry = registry
+        self.rechecker.cooldown_s = self.loaded.config.recheck_cooldown_s
+
+    async def _watch_loop_lag(self) -> None:
+        interval = self.lag_interval_s
+        while not self._stop.is_set():
+            before = time.monotonic()
+            try:
+                async with asyncio.timeout(interval):
+                    await self._stop.wait()
+            except TimeoutError:
+                self.loop_lag_s = max(0.0, time.monotonic() - before - interval)
+
+    async def run(self) -> int:
+        """Serve until stopped; return the process exit status.
+
+        Raises :class:`CapdError` subclasses for start-up failures (a bad
+        config, a broken plugin, a socket in use) before anything is bound.
+        """
+        config = self.loaded.config
+        loop = asyncio.get_running_loop()
+
+        # Phase 1: build the registry (probes run concurrently).
+        self.registry = await build(self.loaded.build_config())
+        counts = self.registry.snapshot().counts
+        log.info("registry_built", **counts)
+
+        # Phase 2: bind the socket (refuses if another daemon answers there).
+        sock = bind_unix_socket(self.socket_path)
+        inode = socket_inode(self.socket_path)
+
+        # Phase 3: serve.
+        app = make_app(self, max_body_bytes=config.max_body_bytes)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: self.spawn(self.reloader.reload()))
+
+        # Phase 4: ready.
+        self.state = "ready"
+        log.info("ready", socket=str(self.socket_path), pid=self.pid, version=self.version,
+                 **counts)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.rechecker.run(config.recheck_interval_s, self._stop))
+                tg.create_task(self._watch_loop_lag())
+                await self._stop.wait()
+                await self._drain(runner, config.drain_grace_s)
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(signum)
+            remove_socket(self.socket_path, inode)
+        self.state = "stopped"
+        log.info("stopped")
+        return 0
+
+    async def _drain(self, runner: web.AppRunner, grace_s: float) -> None:
+        # 1. Refuse new calls; /health and /readyz now answer 503.
+        self.state = "draining"
+        self.gateway.draining = True
+        log.info("draining", in_flight=self.gateway.in_flight, grace_s=grace_s)
+        # 2. Let in-flight calls finish within the grace period.
+        try:
+            async with asyncio.timeout(grace_s):
+                await self.gateway.wait_idle()
+        except TimeoutError:
+            log.warning("drain_timeout", in_flight=self.gateway.in_flight)
+        # 3. Close the listener and connections (responses being written get a moment).
+        await runner.cleanup()
+        # 4. Stop background work (reloads, follow-ups).
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.wait(self._background, timeout=2.0)
+
+
+def run_daemon(coro: Coroutine[Any, Any, int]) -> int:
+    """Run ``coro`` under uvloop when available."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        return asyncio.run(coro)
+    return uvloop.run(coro)

@@ -1,0 +1,52 @@
+"""The error tree of capd's process layer.
+
+::
+
+    CapdError
+    └── SidecarError
+        ├── InvalidParams        call parameters failed validation (HTTP 422)
+        ├── BadRequest           a malformed request: bad JSON, wrong shape (HTTP 400)
+        ├── Draining             the daemon is shutting down (HTTP 503)
+        ├── SocketInUse          another daemon answers on the socket
+        └── DaemonUnreachable    the CLI found no daemon on the socket
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry import CapdError
+
+
+class SidecarError(CapdError):
+    """Root of the process layer's errors."""
+
+
+class InvalidParams(SidecarError):
+    """Parameters failed the capability's model; ``errors`` is pydantic's list."""
+
+    def __init__(self, name: str, errors: list[dict[str, Any]]) -> None:
+        self.name = name
+        self.errors = errors
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "params"
+        super().__init__(
+            f"invalid parameters for {name!r}: {where}: {first.get('msg', 'invalid')}"
+            + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+        )
+
+
+class BadRequest(SidecarError):
+    """The request itself is malformed."""
+
+
+class Draining(SidecarError):
+    """The daemon is draining for shutdown and accepts no new calls."""
+
+
+class SocketInUse(SidecarError):
+    """A live daemon already answers on the socket path."""
+
+
+class DaemonUnreachable(SidecarError):
+    """Nothing answers on the socket."""

@@ -1,0 +1,243 @@
+"""Dispatch policy: validate, recheck if disabled, call under a timeout, classify.
+
+Every call ends as a :class:`ToolResult` in one of five states. The gateway
+raises only for requests that never reach a capability: an unknown name
+(:class:`registry.UnknownCapability`), invalid parameters
+(:class:`InvalidParams`), or a daemon that is draining (:class:`Draining`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from recovery import Rechecker
+from registry import (
+    Blocked,
+    Capability,
+    Partial,
+    PermanentToolError,
+    Registry,
+    ToolUnavailable,
+    TransientToolError,
+)
+
+from ._errors import Draining, InvalidParams
+
+log = structlog.get_logger("capd.gateway")
+
+ToolResultStatus = Literal[
+    "success", "partial", "error_transient", "error_permanent", "error_blocked"
+]
+
+
+class ToolResult(BaseModel):
+    """The outcome of one call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: ToolResultStatus
+    capability: str
+    result: Any = None
+    error_type: str | None = None
+    message: str | None = None
+    alternatives: list[str] = []
+    duration_s: float
+    request_id: str
+    retry_after_s: float | None = None
+    queued: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call did its work, fully or in part."""
+        return self.status in ("success", "partial")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the peer's credentials, read from the socket."""
+
+    pid: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+BeforeHook = Callable[[Capability, BaseModel, Caller], Awaitable[None]]
+
+
+class FailureSink(Protocol):
+    """Where a transient failure of a mutating call goes (the durable retry queue)."""
+
+    async def accept(
+        self, capability: Capability, params: BaseModel, result: ToolResult
+    ) -> ToolResult: ...
+
+
+@dataclass
+class CallStats:
+    """Per-capability call counters since start."""
+
+    by_status: dict[str, Counter[str]] = field(default_factory=dict)
+    total_duration_s: dict[str, float] = field(default_factory=dict)
+
+    def record(self, result: ToolResult) -> None:
+        """Count ``result``."""
+        self.by_status.setdefault(result.capability, Counter())[result.status] += 1
+        self.total_duration_s[result.capability] = (
+            self.total_duration_s.get(result.capability, 0.0) + result.duration_s
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON view."""
+        return {
+            name: {"calls": dict(counts), "total_duration_s": self.total_duration_s[name]}
+            for name, counts in sorted(self.by_status.items())
+        }
+
+
+class Gateway:
+    """Dispatches calls to the current registry's capabilities."""
+
+    def __init__(
+        self,
+        registry: Callable[[], Registry],
+        rechecker: Rechecker,
+        *,
+        before_hooks: Sequence[BeforeHook] = (),
+        failure_sink: FailureSink | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._registry = registry
+        self._rechecker = rechecker
+        self._hooks = tuple(before_hooks)
+        self.failure_sink = failure_sink
+        self._clock = clock
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False
+        self.stats = CallStats()
+
+    async def wait_idle(self) -> None:
+        """Return when no call is in flight."""
+        await self._idle.wait()
+
+    async def dispatch(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        caller: Caller | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> ToolResult:
+        """Call capability ``name`` with ``params`` and classify the outcome.
+
+        Raises :class:`UnknownCapability`, :class:`InvalidParams` or
+        :class:`Draining`; every other failure is a :class:`ToolResult`.
+        """
+        if self.draining:
+            raise Draining("capd is shutting down; retry against the next instance")
+        request_id = request_id or uuid.uuid4().hex[:16]
+        caller = caller or Caller()
+        registry = self._registry()  # this call finishes on the snapshot it started with
+        cap = registry.get(name)
+        try:
+            model = cap.parameters.model_validate(dict(params))
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            raise InvalidParams(name, [dict(e) for e in errors]) from None
+        self.in_flight += 1
+        self._idle.clear()
+        started = self._clock()
+        try:
+            result = await self._call(registry, cap, model, caller, request_id, started)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+        if (
+            not result.ok
+            and result.status == "error_transient"
+            and cap.mutates_state
+            and self.failure_sink is not None
+        ):
+            result = await self.failure_sink.accept(cap, model, result)
+        self.stats.record(result)
+        log.info(
+            "call", capability=name, status=result.status, error_type=result.error_type,
+            duration_s=round(result.duration_s, 6), caller_pid=caller.pid, caller_uid=caller.uid,
+            request_id=request_id, queued=result.queued,
+        )
+        return result
+
+    async def _call(
+        self,
+        registry: Registry,
+        cap: Capability,
+        params: BaseModel,
+        caller: Caller,
+        request_id: str,
+        started: float,
+    ) -> ToolResult:
+        def finish(status: ToolResultStatus, **fields: Any) -> ToolResult:
+            if status not in ("success", "partial"):
+                fields.setdefault("alternatives", self._alternatives(registry, cap))
+            return ToolResult(status=status, capability=cap.name, request_id=request_id,
+                              duration_s=self._clock() - started, **fields)
+
+        if registry.disabled_entry(cap.name) is not None:
+            outcome = await self._rechecker.recheck_disabled_capability(cap.name)
+            if not outcome.live:
+                entry = registry.disabled_entry(cap.name)
+                errors = dict(entry.errors) if entry else {}
+                detail = "; ".join(f"{t}: {e}" for t, e in errors.items())
+                return finish(
+                    "error_transient", error_type="capability_disabled",
+                    message=f"{cap.name} is disabled: missing {', '.join(outcome.missing)}"
+                    + (f" ({detail})" if detail else ""),
+                )
+        try:
+            for hook in self._hooks:
+                await hook(cap, params, caller)
+            async with asyncio.timeout(cap.timeout_s):
+                value = await cap.invoke(params)
+        except Blocked as exc:
+            return finish("error_blocked", error_type="blocked", message=exc.message)
+        except ToolUnavailable as exc:
+            tools = [exc.tool] if exc.tool else list(cap.requires)
+            for tool in tools:
+                if registry.has_tool(tool):
+                    registry.mark_tool_down(tool, f"reported by {cap.name}: {exc.message}")
+            log.warning("passive_disable", capability=cap.name, tools=tools, error=exc.message)
+            return finish("error_transient", error_type="tool_unavailable", message=exc.message,
+                          retry_after_s=exc.retry_after_s)
+        except TransientToolError as exc:
+            return finish("error_transient", error_type="transient", message=exc.message,
+                          retry_after_s=exc.retry_after_s)
+        except PermanentToolError as exc:
+            return finish("error_permanent", error_type="permanent", message=exc.message)
+        except TimeoutError:
+            return finish("error_transient", error_type="timeout",
+                          message=f"{cap.name} did not finish within {cap.timeout_s:g}s")
+        except Exception as exc:  # an op's unexpected failure is data, not a crash
+            return finish("error_permanent", error_type=type(exc).__name__,
+                          message=str(exc) or type(exc).__name__)
+        if isinstance(value, Partial):
+            return finish("partial", result=value.value, message=value.message)
+        return finish("success", result=value)
+
+    @staticmethod
+    def _alternatives(registry: Registry, cap: Capability) -> list[str]:
+        if not cap.tags:
+            return []
+        tags = set(cap.tags)
+        live = registry.live_view()
+        return sorted(n for n, c in live.items() if n != cap.name and tags & set(c.tags))[:3]

@@ -1,0 +1,241 @@
+"""What each operator command does inside the daemon. Rows in ``_table`` point here."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from ._errors import BadRequest
+from ._views import capsule, disabled_view, manifest
+
+if TYPE_CHECKING:
+    from recovery import CapabilityRecheck, ToolRecheck
+
+    from ._daemon import Daemon
+    from ._gateway import Caller
+
+JSON = "application/json"
+HEALTH_JSON = "application/health+json"
+
+
+@dataclass
+class Context:
+    """One request as a handler sees it."""
+
+    daemon: Daemon
+    path: dict[str, str]
+    query: dict[str, str]
+    body: Any
+    caller: Caller
+    request_id: str
+
+
+@dataclass
+class Reply:
+    """A handler's answer: a status, a JSON-able body, extra headers."""
+
+    status: int
+    body: Any
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def iso(epoch: float) -> str:
+    """UTC epoch seconds as ISO-8601, for the health+json draft's ``time`` fields."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _flag(ctx: Context, name: str) -> bool:
+    value = ctx.query.get(name, "").lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise BadRequest(f"query parameter {name!r} must be true or false, not {value!r}")
+
+
+async def health(ctx: Context) -> Reply:
+    """Overall status from cached results: never waits on a probe or a reload."""
+    d = ctx.daemon
+    snap = d.registry.snapshot()
+    checks: dict[str, list[dict[str, Any]]] = {}
+    status = "pass"
+    notes: list[str] = []
+    for name, entry in sorted(snap.disabled.items()):
+        view = disabled_view(entry, snap)
+        probed = [t for t in view["last_probed"].values() if t is not None]
+        checks[f"capability:{name}"] = [{
+            "componentId": name,
+            "componentType": "capability",
+            "status": "warn",
+            "observedValue": view["missing"],
+            "output": "; ".join(f"{t}: {e}" for t, e in view["errors"].items()),
+            "time": iso(max(probed)) if probed else None,
+        }]
+    if snap.disabled:
+        status = "warn"
+        notes.append(f"{len(snap.disabled)} capability(ies) disabled")
+    if snap.errors:
+        status = "warn"
+        notes.append(f"{len(snap.errors)} declaration error(s)")
+        checks["declarations:errors"] = [{
+            "componentType": "component", "status": "warn",
+            "observedValue": len(snap.errors), "output": "; ".join(str(e) for e in snap.errors),
+        }]
+    lag = d.loop_lag_s
+    lag_status = "fail" if lag > d.stall_threshold_s else "pass"
+    checks["event-loop:lag"] = [{
+        "componentType": "system", "status": lag_status, "observedValue": round(lag, 6),
+        "observedUnit": "s", "time": iso(time.time()),
+    }]
+    if lag_status == "fail":
+        status = "fail"
+        notes.append(f"event loop stalled for {lag:.1f}s")
+    if d.state != "ready":
+        status = "fail"
+        notes.append(f"daemon is {d.state}")
+    checks["uptime"] = [{"componentType": "system", "status": "pass",
+                         "observedValue": round(d.uptime_s, 3), "observedUnit": "s"}]
+    body = {
+        "status": status,
+        "version": d.version,
+        "serviceId": "capd",
+        "description": "capd capability sidecar",
+        "output": "; ".join(notes) or "all capabilities live",
+        "checks": checks,
+    }
+    return Reply(503 if status == "fail" else 200, body, content_type=HEALTH_JSON)
+
+
+async def livez(ctx: Context) -> Reply:
+    """200 while the process serves requests."""
+    return Reply(200, {"status": "pass"})
+
+
+async def readyz(ctx: Context) -> Reply:
+    """200 when ready, 503 while starting or draining."""
+    ready = ctx.daemon.state == "ready"
+    return Reply(200 if ready else 503, {"status": "pass" if ready else "fail",
+                                         "state": ctx.daemon.state})
+
+
+async def list_caps(ctx: Context) -> Reply:
+    """Capsules of every capability, optionally filtered by state or tag."""
+    snap = ctx.daemon.registry.snapshot()
+    state = ctx.query.get("state")
+    if state not in (None, "live", "disabled"):
+        raise BadRequest(f"state must be 'live' or 'disabled', not {state!r}")
+    tag = ctx.query.get("tag")
+    items = [capsule(c, live=True) for c in snap.live.values()]
+    items += [capsule(e.capability, live=False) for e in snap.disabled.values()]
+    items = [i for i in items if (state is None or i["state"] == state)
+             and (tag is None or tag in i["tags"])]
+    items.sort(key=lambda i: i["name"])
+    return Reply(200, {"capabilities": items, "counts": snap.counts})
+
+
+async def show(ctx: Context) -> Reply:
+    """The full manifest of one capability."""
+    registry = ctx.daemon.registry
+    cap = registry.get(ctx.path["name"])
+    return Reply(200, manifest(cap, registry.snapshot()))
+
+
+async def call(ctx: Context) -> Reply:
+    """Dispatch a call; the HTTP status follows the result's state."""
+    params = ctx.body if ctx.body is not None else {}
+    if not isinstance(params, dict):
+        raise BadRequest("the request body must be a JSON object of parameters")
+    result = await ctx.daemon.gateway.dispatch(
+        ctx.path["name"], params, ctx.caller, request_id=ctx.request_id
+    )
+    status = {
+        "success": 200, "partial": 200, "error_transient": 503, "error_permanent": 502,
+        "error_blocked": 403,
+    }[result.status]
+    if result.queued:
+        status = 202
+    headers = {}
+    if result.retry_after_s is not None and status == 503:
+        headers["Retry-After"] = str(max(1, round(result.retry_after_s)))
+    return Reply(status, result.model_dump(mode="json"), headers=headers)
+
+
+def _tool_view(outcome: ToolRecheck) -> dict[str, Any]:
+    return {
+        "tool": outcome.tool,
+        "ok": outcome.result.ok,
+        "error": outcome.result.error,
+        "probed": outcome.probed,
+        "cooldown_left_s": round(outcome.cooldown_left_s, 3),
+        "restored": list(outcome.restored),
+        "disabled": list(outcome.disabled),
+        "checked_at": outcome.result.checked_at,
+    }
+
+
+def _capability_view(outcome: CapabilityRecheck) -> dict[str, Any]:
+    return {
+        "name": outcome.name,
+        "state": "live" if outcome.live else "disabled",
+        "missing": list(outcome.missing),
+        "restored": list(outcome.restored),
+        "tools": [_tool_view(t) for t in outcome.tools],
+    }
+
+
+async def recheck(ctx: Context) -> Reply:
+    """Re-probe a capability's missing tools (cooldown applies unless forced)."""
+    outcome = await ctx.daemon.rechecker.recheck_disabled_capability(
+        ctx.path["name"], force=_flag(ctx, "force")
+    )
+    return Reply(200, _capability_view(outcome))
+
+
+async def recheck_tool(ctx: Context) -> Reply:
+    """Re-probe one tool and restore every capability it unblocks."""
+    outcome = await ctx.daemon.rechecker.recheck_tool(ctx.path["tool"], force=_flag(ctx, "force"))
+    return Reply(200, _tool_view(outcome))
+
+
+async def reload(ctx: Context) -> Reply:
+    """Run (or join) a full reload and answer when it is done."""
+    outcome = await ctx.daemon.reloader.reload()
+    return Reply(200 if outcome.ok else 500, outcome.model_dump(mode="json"))
+
+
+async def status(ctx: Context) -> Reply:
+    """Registry, reload, recheck and call statistics."""
+    d = ctx.daemon
+    snap = d.registry.snapshot()
+    last = d.reloader.last
+    stats = d.rechecker.stats
+    body = {
+        "state": d.state,
+        "version": d.version,
+        "pid": d.pid,
+        "uptime_s": round(d.uptime_s, 3),
+        "socket": str(d.socket_path),
+        "registry": {
+            **snap.counts,
+            "built_at": snap.built_at,
+            "tools": {t: (r.model_dump(mode="json")) for t, r in sorted(snap.probes.items())},
+            "errors": [e.as_dict() for e in snap.errors],
+        },
+        "reload": {
+            "count": d.reloader.count,
+            "running": d.reloader.running,
+            "last": last.model_dump(mode="json") if isinstance(last, BaseModel) else None,
+        },
+        "recheck": {"probes": stats.probes, "skipped_cooldown": stats.skipped_cooldown,
+                    "shared": stats.shared, "restored": stats.restored,
+                    "cooldown_s": d.rechecker.cooldown_s},
+        "calls": {"in_flight": d.gateway.in_flight, "by_capability": d.gateway.stats.as_dict()},
+        "tasks": d.task_stats(),
+        "event_loop_lag_s": round(d.loop_lag_s, 6),
+    }
+    return Reply(200, body)
