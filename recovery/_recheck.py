@@ -163,8 +163,20 @@ class Rechecker:
         tools = sorted(self._registry().disabled_tools())
         return list(await asyncio.gather(*(self.recheck_tool(t) for t in tools)))
 
-    async def run(self, interval_s: float, stop: asyncio.Event) -> None:
-        """Re-probe disabled tools every ``interval_s`` until ``stop`` is set."""
+    async def recheck_all_tools(self) -> list[ToolRecheck]:
+        """Re-probe every declared tool, live ones included (cooldown applies)."""
+        tools = sorted(self._registry().tool_ids())
+        return list(await asyncio.gather(*(self.recheck_tool(t) for t in tools)))
+
+    async def run(
+        self, interval_s: float, stop: asyncio.Event, *, live_every_s: float | None = None
+    ) -> None:
+        """Re-probe disabled tools every ``interval_s`` until ``stop`` is set.
+
+        With ``live_every_s``, every tool (live ones too) is re-probed that
+        often, so a tool that goes down is noticed without a failing call.
+        """
+        last_full = self._clock()
         while not stop.is_set():
             try:
                 async with asyncio.timeout(interval_s):
@@ -172,6 +184,10 @@ class Rechecker:
                 return
             except TimeoutError:
                 pass
-            outcomes = await self.recheck_all_disabled()
+            if live_every_s is not None and self._clock() - last_full >= live_every_s:
+                last_full = self._clock()
+                outcomes = await self.recheck_all_tools()
+            else:
+                outcomes = await self.recheck_all_disabled()
             if outcomes:
                 log.debug("background_recheck", tools=[o.tool for o in outcomes if o.probed])

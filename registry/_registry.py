@@ -109,6 +109,10 @@ class Registry:
         """A read-only view of the live map that follows later changes (no copy)."""
         return MappingProxyType(self._live)
 
+    def tool_ids(self) -> frozenset[str]:
+        """Every declared tool."""
+        return frozenset(self._tools)
+
     def has_tool(self, tool: str) -> bool:
         """Whether ``tool`` is declared in this registry."""
         return tool in self._tools

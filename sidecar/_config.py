@@ -38,6 +38,9 @@ class CapdConfig(BaseSettings):
     state_dir: str | None = None
     recheck_cooldown_s: float = Field(30.0, ge=0)
     recheck_interval_s: float = Field(30.0, gt=0)
+    probe_live_interval_s: float | None = Field(
+        60.0, gt=0, description="Re-probe live tools this often too; null turns it off."
+    )
     drain_grace_s: float = Field(10.0, ge=0)
     max_body_bytes: int = Field(1 << 20, ge=1024)
 

@@ -150,7 +150,10 @@ class Daemon:
                  **counts)
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self.rechecker.run(config.recheck_interval_s, self._stop))
+                tg.create_task(self.rechecker.run(
+                    config.recheck_interval_s, self._stop,
+                    live_every_s=config.probe_live_interval_s,
+                ))
                 tg.create_task(self._watch_loop_lag())
                 await self._stop.wait()
                 await self._drain(runner, config.drain_grace_s)
