@@ -72,6 +72,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ._logging import configure_logging
 
     configure_logging(args.log_level)
+    # A reload re-imports plugins; cached bytecode could hide an edit made within
+    # the same second that kept the file's size, so the daemon writes none.
+    sys.dont_write_bytecode = True
     loaded = load_config(_config_path(args.config))
     socket_path = Path(args.socket) if args.socket else None
     daemon = Daemon(loaded, socket_path=socket_path)

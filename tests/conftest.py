@@ -9,9 +9,12 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from aiohttp import web
+from aiohttp import web as aioweb
+
+from .daemon import DaemonProcess, FlipServer, write_e2e_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -24,27 +27,27 @@ class HttpServer:
         self.healthy = True
         self.port = 0
         self.hits = 0
-        self._runner: web.AppRunner | None = None
+        self._runner: aioweb.AppRunner | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def _health(self, _request: web.Request) -> web.Response:
+    async def _health(self, _request: aioweb.Request) -> aioweb.Response:
         self.hits += 1
-        return web.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
+        return aioweb.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
 
-    async def _slow(self, _request: web.Request) -> web.Response:
+    async def _slow(self, _request: aioweb.Request) -> aioweb.Response:
         await asyncio.sleep(5)
-        return web.Response(text="late")
+        return aioweb.Response(text="late")
 
     async def start(self) -> None:
-        app = web.Application()
+        app = aioweb.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/slow", self._slow)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        self._runner = aioweb.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = aioweb.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         server = site._server
         assert server is not None
@@ -108,3 +111,29 @@ def example_copy(tmp_path: Path) -> Path:
     target = tmp_path / "example"
     shutil.copytree(EXAMPLES, target, ignore=shutil.ignore_patterns("__pycache__"))
     return target
+
+
+Start = Callable[..., DaemonProcess]
+
+
+@pytest.fixture
+def web() -> Iterator[FlipServer]:
+    """A real HTTP tool on 127.0.0.1 whose health the test flips."""
+    with FlipServer() as server:
+        yield server
+
+
+@pytest.fixture
+def start(short_tmp: Path, web: FlipServer) -> Iterator[Start]:
+    """Start the real daemon on the e2e pack; every one started is killed at the end."""
+    started: list[DaemonProcess] = []
+
+    def start_daemon(env: dict[str, str] | None = None, **settings: Any) -> DaemonProcess:
+        config = write_e2e_config(short_tmp, web.port, **settings)
+        daemon = DaemonProcess(config, short_tmp / "capd.sock", env=env).start().wait_ready()
+        started.append(daemon)
+        return daemon
+
+    yield start_daemon
+    for daemon in started:
+        daemon.kill()

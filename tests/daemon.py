@@ -51,7 +51,8 @@ class DaemonProcess:
                 stream.close()
 
     def _read_stdout(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc is not None
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
                 event = json.loads(line)
@@ -64,7 +65,8 @@ class DaemonProcess:
             self._cond.notify_all()
 
     def _read_stderr(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
+        assert self.proc is not None
+        assert self.proc.stderr is not None
         self.stderr = self.proc.stderr.read()
 
     def wait_event(self, name: str, timeout: float = 30.0,
@@ -137,7 +139,7 @@ class FlipServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:
                 status = 200 if outer.healthy else 503
                 self.send_response(status)
                 self.send_header("Content-Length", "0")

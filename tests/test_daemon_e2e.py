@@ -8,38 +8,12 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from sidecar._client import Response
 
-from .daemon import DaemonProcess, FlipServer, write_e2e_config
-
-Start = Callable[..., DaemonProcess]
-
-
-@pytest.fixture
-def web() -> Iterator[FlipServer]:
-    with FlipServer() as server:
-        yield server
-
-
-@pytest.fixture
-def start(short_tmp: Path, web: FlipServer) -> Iterator[Start]:
-    started: list[DaemonProcess] = []
-
-    def start_daemon(env: dict[str, str] | None = None, **settings: Any) -> DaemonProcess:
-        config = write_e2e_config(short_tmp, web.port, **settings)
-        daemon = DaemonProcess(config, short_tmp / "capd.sock", env=env).start().wait_ready()
-        started.append(daemon)
-        return daemon
-
-    yield start_daemon
-    for daemon in started:
-        daemon.kill()
+from .conftest import Start
+from .daemon import DaemonProcess, FlipServer
 
 
 def health_status(daemon: DaemonProcess) -> str:

@@ -18,7 +18,8 @@ def setup(up: dict[str, bool], cooldown_s: float = 30.0) -> tuple[Rechecker, Fli
     )
     probe = FlipProbe(**up)
     clock = Clock()
-    return Rechecker(lambda: registry, cooldown_s=cooldown_s, probe=probe, clock=clock), probe, clock
+    rechecker = Rechecker(lambda: registry, cooldown_s=cooldown_s, probe=probe, clock=clock)
+    return rechecker, probe, clock
 
 
 async def test_recheck_restores_a_capability_when_its_tool_is_back() -> None:

@@ -67,7 +67,9 @@ async def test_a_failed_reload_keeps_the_old_registry_and_says_why() -> None:
     reloader = reloader_for(box)
     outcome = await reloader.reload()
     assert not outcome.ok
-    assert outcome.error == "plugin 'demo' failed to import: SyntaxError: invalid syntax (demo.py:1)"
+    assert outcome.error == (
+        "plugin 'demo' failed to import: SyntaxError: invalid syntax (demo.py:1)"
+    )
     assert "a.old" in box.registry
     assert reloader.last == outcome
 

@@ -1,0 +1,56 @@
+"""One operator table: HTTP routes and CLI subcommands are generated from it, and only it."""
+
+from __future__ import annotations
+
+import argparse
+
+from sidecar._api import make_app
+from sidecar._config import load_config
+from sidecar._daemon import Daemon
+from sidecar._table import COMMANDS
+from sidecar.cli import LOCAL_COMMANDS, make_parser
+
+
+def _cli_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+               ) -> set[tuple[str, ...]]:
+    paths: set[tuple[str, ...]] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                nested = _cli_paths(sub, (*prefix, name))
+                paths |= nested or {(*prefix, name)}
+    return paths
+
+
+def test_http_routes_equal_the_table() -> None:
+    """Every route is a table row and every row is a route, method and path alike."""
+    daemon = Daemon(load_config(None))
+    app = make_app(daemon, max_body_bytes=1024)
+    routes = {(r.method, r.resource.canonical) for r in app.router.routes()
+              if r.method != "HEAD" and r.resource is not None}
+    assert routes == {(row.method, row.path) for row in COMMANDS}
+
+
+def test_cli_subcommands_equal_the_table_plus_local_commands() -> None:
+    """Every CLI subcommand is a table row or one of the declared local commands."""
+    expected = {row.cli for row in COMMANDS} | {(name,) for name in LOCAL_COMMANDS}
+    assert _cli_paths(make_parser()) == expected
+
+
+def test_rows_are_unique_and_complete() -> None:
+    """No two rows share an id, a route or a CLI path; each has a summary."""
+    assert len({r.id for r in COMMANDS}) == len(COMMANDS)
+    assert len({(r.method, r.path) for r in COMMANDS}) == len(COMMANDS)
+    assert len({r.cli for r in COMMANDS}) == len(COMMANDS)
+    assert all(r.summary for r in COMMANDS)
+
+
+def test_every_table_subcommand_takes_json_and_socket() -> None:
+    """Each generated subcommand has --json and --socket, and its path parameters."""
+    parser = make_parser()
+    for row in COMMANDS:
+        argv = [*row.cli, *(["X"] * len(row.path_params)), "--json", "--socket", "/s"]
+        args = parser.parse_args(argv)
+        assert args.json is True
+        assert args.socket == "/s"
+        assert args.row == row.id
