@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from ._template import TemplateError, check_known
 
@@ -287,14 +287,20 @@ class Capability(BaseModel):
                     )
         return self
 
+    _is_async: bool = PrivateAttr(default=False)
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Decide once whether ``func`` is a coroutine function (invoke is on the hot path)."""
+        self._is_async = inspect.iscoroutinefunction(self.func)
+
     @property
     def is_async(self) -> bool:
         """Whether ``func`` is a coroutine function."""
-        return inspect.iscoroutinefunction(self.func)
+        return self._is_async
 
     async def invoke(self, params: BaseModel) -> Any:
         """Call the capability with validated ``params`` and its bound options."""
-        if self.is_async:
+        if self._is_async:
             return await self.func(params, **self.options)
         return await asyncio.to_thread(self.func, params, **self.options)
 

@@ -7,14 +7,15 @@ limit 413, invalid parameters 422 (with pydantic's error list), draining 503.
 
 from __future__ import annotations
 
-import json
+import itertools
+import os
 import socket
 import struct
-import uuid
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import structlog
 from aiohttp import web
 
@@ -42,7 +43,32 @@ def problem(status: int, title: str, detail: str, **extra: Any) -> web.Response:
     """A problem+json response."""
     body = {"type": f"urn:capd:problem:{title.lower().replace(' ', '-')}", "title": title,
             "status": status, "detail": detail, **extra}
-    return web.Response(status=status, text=json.dumps(body), content_type=PROBLEM_JSON)
+    return web.Response(status=status, body=dumps(body), content_type=PROBLEM_JSON)
+
+
+def _fallback(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return str(value)
+
+
+def dumps(body: Any) -> bytes:
+    """JSON bytes; values JSON cannot hold (a Path, a set, a model) become strings or lists."""
+    return orjson.dumps(body, default=_fallback)
+
+
+class RequestIds:
+    """Request ids unique to this boot: a random prefix and a counter (no syscall per call)."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(4).hex()
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        """A fresh request id."""
+        return f"{self._prefix}-{next(self._counter):x}"
 
 
 class PeerCredentials:
@@ -72,67 +98,97 @@ class PeerCredentials:
 
 def _to_response(reply: Reply, request_id: str) -> web.Response:
     headers = {"X-Request-Id": request_id, **reply.headers}
-    return web.Response(status=reply.status, text=json.dumps(reply.body),
+    return web.Response(status=reply.status, body=dumps(reply.body),
                         content_type=reply.content_type, headers=headers)
 
 
-def _endpoint(daemon: Daemon, row: OperatorCommand, creds: PeerCredentials) -> Endpoint:
+def _refusal(request: web.Request) -> web.Response | None:
+    if "Origin" in request.headers or "Referer" in request.headers:
+        return problem(403, "Forbidden", "requests carrying Origin or Referer are refused: "
+                       "a browser must never drive the capd socket")
+    return None
+
+
+def _problem_for(exc: Exception, request: web.Request) -> web.Response:
+    """Translate an error raised while handling ``request`` into a problem response."""
+    match exc:
+        case BadRequest():
+            return problem(400, "Bad Request", str(exc))
+        case InvalidParams():
+            return problem(422, "Invalid Parameters", str(exc), errors=exc.errors)
+        case UnknownCapability():
+            return problem(404, "Unknown Capability", str(exc), suggestions=exc.suggestions)
+        case UnknownTool():
+            return problem(404, "Unknown Tool", str(exc))
+        case Draining():
+            return problem(503, "Draining", str(exc))
+        case web.HTTPRequestEntityTooLarge():
+            return problem(413, "Payload Too Large",
+                           f"request body is larger than {request.app[MAX_BODY_BYTES]} bytes; "
+                           "send less, or raise max_body_bytes in capd.toml")
+        case CapdError():
+            log.error("request_failed", path=request.path, error=str(exc))
+            return problem(500, "Internal Error", str(exc))
+    log.error("request_crashed", path=request.path, error=repr(exc))
+    return problem(500, "Internal Error", f"{type(exc).__name__}: {exc}")
+
+
+def _endpoint(
+    daemon: Daemon, row: OperatorCommand, creds: PeerCredentials, ids: RequestIds
+) -> Endpoint:
+    # No aiohttp middleware: the guard lives here, one coroutine per request.
     async def handle(request: web.Request) -> web.StreamResponse:
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
-        request["request_id"] = request_id
-        body: Any = None
-        if request.method == "POST" and request.can_read_body:
-            raw = await request.read()
-            if raw.strip():
-                try:
-                    body = json.loads(raw)
-                except (ValueError, UnicodeDecodeError) as exc:
-                    raise BadRequest(f"malformed JSON body: {exc}") from None
-        ctx = Context(daemon=daemon, path=dict(request.match_info), query=dict(request.query),
-                      body=body, caller=creds.of(request), request_id=request_id)
-        return _to_response(await row.handler(ctx), request_id)
+        refused = _refusal(request)
+        if refused is not None:
+            return refused
+        request_id = request.headers.get("X-Request-Id") or ids.next()
+        try:
+            body: Any = None
+            if row.method == "POST" and request.can_read_body:
+                raw = await request.read()
+                if raw.strip():
+                    try:
+                        body = orjson.loads(raw)
+                    except orjson.JSONDecodeError as exc:
+                        raise BadRequest(f"malformed JSON body: {exc}") from None
+            ctx = Context(daemon=daemon, path=dict(request.match_info),
+                          query=dict(request.query) if request.query_string else {},
+                          body=body, caller=creds.of(request), request_id=request_id)
+            reply = await row.handler(ctx)
+        except Exception as exc:  # every failure becomes a problem+json answer
+            response = _problem_for(exc, request)
+            response.headers["X-Request-Id"] = request_id
+            return response
+        return _to_response(reply, request_id)
 
     return handle
 
 
-@web.middleware
-async def _guard(request: web.Request, handler: Endpoint) -> web.StreamResponse:
-    if "Origin" in request.headers or "Referer" in request.headers:
-        return problem(403, "Forbidden", "requests carrying Origin or Referer are refused: "
-                       "a browser must never drive the capd socket")
-    try:
-        return await handler(request)
-    except BadRequest as exc:
-        return problem(400, "Bad Request", str(exc))
-    except InvalidParams as exc:
-        return problem(422, "Invalid Parameters", str(exc), errors=exc.errors)
-    except UnknownCapability as exc:
-        return problem(404, "Unknown Capability", str(exc), suggestions=exc.suggestions)
-    except UnknownTool as exc:
-        return problem(404, "Unknown Tool", str(exc))
-    except Draining as exc:
-        return problem(503, "Draining", str(exc))
-    except web.HTTPRequestEntityTooLarge:
-        return problem(413, "Payload Too Large",
-                       f"request body is larger than {request.app[MAX_BODY_BYTES]} bytes; "
-                       "send less, or raise max_body_bytes in capd.toml")
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return problem(exc.status, exc.reason, f"{request.method} {request.path}: {exc.reason}")
-    except CapdError as exc:
-        log.error("request_failed", path=request.path, error=str(exc))
-        return problem(500, "Internal Error", str(exc))
-    except Exception as exc:
-        log.exception("request_crashed", path=request.path)
-        return problem(500, "Internal Error", f"{type(exc).__name__}: {exc}")
+async def _not_found(request: web.Request) -> web.StreamResponse:
+    return _refusal(request) or problem(
+        404, "Not Found", f"{request.method} {request.path}: no such route; see GET /status"
+    )
+
+
+def _method_not_allowed(allowed: str) -> Endpoint:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return _refusal(request) or problem(
+            405, "Method Not Allowed", f"{request.method} {request.path}: use {allowed}",
+        )
+
+    return handle
 
 
 def make_app(daemon: Daemon, *, max_body_bytes: int) -> web.Application:
     """The aiohttp application: one route per operator table row."""
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_guard])
+    app = web.Application(client_max_size=max_body_bytes)
     creds = PeerCredentials()
+    ids = RequestIds()
     app[MAX_BODY_BYTES] = max_body_bytes
     for row in COMMANDS:
-        app.router.add_route(row.method, row.path, _endpoint(daemon, row, creds), name=row.id)
+        resource = app.router.add_resource(row.path, name=row.id)
+        resource.add_route(row.method, _endpoint(daemon, row, creds, ids))
+        # Same path, other method: 405 as problem+json (aiohttp would answer text).
+        resource.add_route("*", _method_not_allowed(row.method))
+    app.router.add_route("*", "/{tail:.*}", _not_found)
     return app

@@ -9,15 +9,16 @@ raises only for requests that never reach a capability: an unknown name
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import structlog
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from recovery import Rechecker
 from registry import (
@@ -49,11 +50,15 @@ class ToolResult(BaseModel):
     result: Any = None
     error_type: str | None = None
     message: str | None = None
-    alternatives: list[str] = []
+    alternatives: list[str] = Field(default_factory=list)
     duration_s: float
     request_id: str
     retry_after_s: float | None = None
     queued: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The result as a JSON-ready mapping (cheaper than model_dump on the hot path)."""
+        return dict(self.__dict__)
 
     @property
     def ok(self) -> bool:
@@ -125,6 +130,8 @@ class Gateway:
         self._idle.set()
         self.draining = False
         self.stats = CallStats()
+        self._ids = itertools.count(1)
+        self._id_prefix = "g" + os.urandom(3).hex()
 
     async def wait_idle(self) -> None:
         """Return when no call is in flight."""
@@ -145,12 +152,12 @@ class Gateway:
         """
         if self.draining:
             raise Draining("capd is shutting down; retry against the next instance")
-        request_id = request_id or uuid.uuid4().hex[:16]
+        request_id = request_id or f"{self._id_prefix}-{next(self._ids):x}"
         caller = caller or Caller()
         registry = self._registry()  # this call finishes on the snapshot it started with
         cap = registry.get(name)
         try:
-            model = cap.parameters.model_validate(dict(params))
+            model = cap.parameters.model_validate(params)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_context=False, include_input=False)
             raise InvalidParams(name, [dict(e) for e in errors]) from None
@@ -188,10 +195,20 @@ class Gateway:
         started: float,
     ) -> ToolResult:
         def finish(status: ToolResultStatus, **fields: Any) -> ToolResult:
-            if status not in ("success", "partial"):
+            if status in ("success", "partial"):
+                fields.setdefault("alternatives", [])
+            else:
                 fields.setdefault("alternatives", self._alternatives(registry, cap))
-            return ToolResult(status=status, capability=cap.name, request_id=request_id,
-                              duration_s=self._clock() - started, **fields)
+            fields.setdefault("result", None)
+            fields.setdefault("error_type", None)
+            fields.setdefault("message", None)
+            fields.setdefault("retry_after_s", None)
+            fields.setdefault("queued", None)
+            # Every field is built here from known types: skip re-validation.
+            return ToolResult.model_construct(
+                status=status, capability=cap.name, request_id=request_id,
+                duration_s=self._clock() - started, **fields,
+            )
 
         if registry.disabled_entry(cap.name) is not None:
             outcome = await self._rechecker.recheck_disabled_capability(cap.name)

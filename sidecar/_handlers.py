@@ -162,7 +162,7 @@ async def call(ctx: Context) -> Reply:
     headers = {}
     if result.retry_after_s is not None and status == 503:
         headers["Retry-After"] = str(max(1, round(result.retry_after_s)))
-    return Reply(status, result.model_dump(mode="json"), headers=headers)
+    return Reply(status, result.as_json(), headers=headers)
 
 
 def _tool_view(outcome: ToolRecheck) -> dict[str, Any]:

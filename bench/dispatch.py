@@ -1,0 +1,257 @@
+"""Dispatch throughput and latency of `POST /call/{name}` over the Unix socket.
+
+Starts the real daemon (`capd serve`) on a no-op capability and, in the same
+run, a bare aiohttp handler on a Unix socket under uvloop (the baseline). Both
+are driven by the same raw keep-alive HTTP/1.1 client (pre-built request bytes,
+minimal parsing, uvloop) with 1 and 32 concurrent connections, each for a fixed
+time. Prints calls/s, p50/p99 and the ratio capd / bare. Then measures /health
+latency while full reloads whose probes take 2 s run back to back.
+
+    python bench/dispatch.py [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import uvloop
+
+BARE_SERVER = textwrap.dedent('''
+    import asyncio, json, sys, uvloop
+    from aiohttp import web
+
+    async def call(request):
+        await request.read()
+        return web.Response(text=json.dumps({"status": "success", "result": None}),
+                            content_type="application/json")
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/call/{name}", call)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.UnixSite(runner, sys.argv[1]).start()
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+''')
+
+PACK = textwrap.dedent('''
+    import asyncio, os
+    from pydantic import BaseModel
+    from registry import op
+
+    class Empty(BaseModel):
+        pass
+
+    @op("bench.noop")
+    async def noop(params: Empty) -> None:
+        return None
+
+    async def reload_probe() -> bool:
+        if os.path.exists(os.environ["BENCH_SLOW_FLAG"]):
+            await asyncio.sleep(2)
+        return True
+''')
+
+CONFIG = textwrap.dedent('''
+    plugins = ["bench_pack"]
+    plugin_paths = ["."]
+    declarations = ["caps.toml"]
+    entry_points = false
+    probe_live_interval_s = 3600
+
+    [tools.gate]
+    kind = "python"
+    target = "bench_pack:reload_probe"
+    timeout_s = 10
+''')
+
+CAPS = textwrap.dedent('''
+    [[capability]]
+    name = "bench.noop"
+    op = "bench.noop"
+    summary = "Do nothing."
+    requires = ["gate"]
+''')
+
+
+class Conn(asyncio.Protocol):
+    """One keep-alive connection: send a request, wait for one full response."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[int] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0 or self.waiter is None:
+            return
+        head = bytes(self.buf[:end]).lower()
+        start = head.find(b"content-length:")
+        length = int(head[start + 15:head.find(b"\r\n", start) if head.find(b"\r\n", start) > 0
+                          else len(head)]) if start >= 0 else 0
+        total = end + 4 + length
+        if len(self.buf) >= total:
+            status = int(self.buf[9:12])
+            del self.buf[:total]
+            waiter, self.waiter = self.waiter, None
+            waiter.set_result(status)
+
+    async def send(self, transport: asyncio.Transport, payload: bytes) -> int:
+        self.waiter = asyncio.get_running_loop().create_future()
+        transport.write(payload)
+        return await self.waiter
+
+
+async def drive(sock: str, payload: bytes, clients: int, seconds: float) -> tuple[int, list[float]]:
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal errors
+        transport, proto = await loop.create_unix_connection(Conn, sock)
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            status = await proto.send(transport, payload)  # type: ignore[arg-type]
+            latencies.append(time.perf_counter() - started)
+            if status != 200:
+                errors += 1
+        transport.close()
+
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    if errors:
+        raise SystemExit(f"{errors} non-200 answers from {sock}")
+    return len(latencies), latencies
+
+
+def request_bytes(path: str, body: bytes = b"") -> bytes:
+    method = b"POST" if body else b"GET"
+    return (method + b" " + path.encode() + b" HTTP/1.1\r\nHost: capd\r\n"
+            b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+            + b"\r\n\r\n" + body)
+
+
+def measure(sock: str, clients: int, seconds: float) -> dict[str, float]:
+    payload = request_bytes("/call/bench.noop", b"{}")
+    uvloop.run(drive(sock, payload, clients, 0.5))  # warm-up
+    count, lat = uvloop.run(drive(sock, payload, clients, seconds))
+    lat.sort()
+    return {"rps": count / seconds, "p50_us": lat[len(lat) // 2] * 1e6,
+            "p99_us": lat[int(len(lat) * 0.99)] * 1e6, "n": count}
+
+
+def wait_line(proc: subprocess.Popen[str], needle: str) -> None:
+    """Read ``proc``'s stdout until a line holds ``needle`` (the bare server's start line)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if needle in line:
+            return
+    raise SystemExit(f"process exited before printing {needle!r}")
+
+
+def wait_ready(log: Path, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while b'"event":"ready"' not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"capd did not become ready; log: {log.read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
+def health_during_reloads(sock: str, flag: Path, seconds: float) -> dict[str, float]:
+    from sidecar._client import request
+
+    flag.touch()
+    stop = threading.Event()
+    reloads = 0
+
+    def reloader() -> None:
+        nonlocal reloads
+        while not stop.is_set():
+            request(Path(sock), "POST", "/reload")
+            reloads += 1
+
+    thread = threading.Thread(target=reloader)
+    thread.start()
+    time.sleep(0.2)
+    latencies = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        started = time.perf_counter()
+        response = request(Path(sock), "GET", "/health")
+        latencies.append(time.perf_counter() - started)
+        assert response.status == 200
+    stop.set()
+    thread.join()
+    flag.unlink()
+    latencies.sort()
+    return {"n": len(latencies), "p50_ms": latencies[len(latencies) // 2] * 1e3,
+            "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3, "reloads": reloads}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="capd-bench-", dir="/tmp"))
+    (tmp / "bench_pack.py").write_text(PACK)
+    (tmp / "caps.toml").write_text(CAPS)
+    (tmp / "capd.toml").write_text(CONFIG)
+    (tmp / "bare.py").write_text(BARE_SERVER)
+    flag = tmp / "slow"
+    env = {**os.environ, "BENCH_SLOW_FLAG": str(flag)}
+    capd_sock, bare_sock = str(tmp / "capd.sock"), str(tmp / "bare.sock")
+    # The daemon logs one line per call to a file, as it would to journald: a pipe
+    # drained by this process would steal CPU from the load generator.
+    log = (tmp / "capd.log").open("wb")
+    capd = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--config",
+                             str(tmp / "capd.toml"), "--socket", capd_sock],
+                            stdout=log, env=env)
+    bare = subprocess.Popen([sys.executable, str(tmp / "bare.py"), bare_sock],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        wait_ready(tmp / "capd.log", capd)
+        wait_line(bare, "ready")
+        print(f"dispatch bench, {os.cpu_count()} cores, {args.seconds:g} s per figure, "
+              "raw keep-alive HTTP/1.1 client over the Unix socket")
+        print(f"{'server':<28}{'clients':>8}{'calls/s':>11}{'p50 µs':>10}{'p99 µs':>10}")
+        results = {}
+        for clients in (1, 32):
+            servers = (("bare aiohttp (baseline)", bare_sock), ("capd POST /call", capd_sock))
+            for name, sock in servers:
+                results[(name, clients)] = r = measure(sock, clients, args.seconds)
+                print(f"{name:<28}{clients:>8}{r['rps']:>11.0f}{r['p50_us']:>10.0f}"
+                      f"{r['p99_us']:>10.0f}")
+        for clients in (1, 32):
+            ratio = results[("capd POST /call", clients)]["rps"] / results[
+                ("bare aiohttp (baseline)", clients)]["rps"]
+            print(f"ratio capd / bare aiohttp, {clients} client(s): {ratio:.2f} of the throughput")
+        health = health_during_reloads(capd_sock, flag, args.seconds)
+        print(f"/health during back-to-back reloads with 2 s probes: n={health['n']} "
+              f"p50 {health['p50_ms']:.2f} ms  p99 {health['p99_ms']:.2f} ms "
+              f"({health['reloads']} reloads)")
+    finally:
+        for proc in (capd, bare):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+        log.close()
+        lines = len((tmp / "capd.log").read_bytes().splitlines())
+        print(f"capd log lines written during the run: {lines}")
+
+
+if __name__ == "__main__":
+    main()
