@@ -206,3 +206,12 @@ def test_socket_and_folder_modes(start: Start, short_tmp: Path) -> None:
         assert (nested.parent.stat().st_mode & 0o777) == 0o750
     finally:
         assert second.stop() == 0
+
+
+def test_wrong_method_is_405_as_problem_json(start: Start) -> None:
+    """A known path with the wrong method is 405 with a problem body naming the method."""
+    daemon = start()
+    wrong = daemon.call("GET", "/call/e2e.echo")
+    assert wrong.status == 405
+    assert wrong.content_type.startswith("application/problem+json")
+    assert wrong.body["detail"] == "GET /call/e2e.echo: use POST"
