@@ -1,6 +1,34 @@
-"""capd's recovery layer: re-probes with cooldown (and next, the durable retry queue)."""
+"""capd's recovery layer: re-probes with cooldown, the durable retry queue, effect verification."""
 
+from ._calls import CallKind, CallOutcome, call_capability
+from ._effects import (
+    EffectCheck,
+    EffectStatus,
+    Verdict,
+    Verification,
+    check_effect,
+    combine,
+    verify_post_write_effects,
+)
 from ._errors import RecoveryError, UnknownTool
+from ._queue import (
+    JOB_STATES,
+    Attempt,
+    BackoffPolicy,
+    EnqueueRequest,
+    IdempotencyConflict,
+    InvalidTransition,
+    Job,
+    JobState,
+    QueueClosed,
+    QueueCorrupt,
+    QueueError,
+    QueueStats,
+    QueueStorageError,
+    RetryQueue,
+    UnknownJob,
+    default_state_dir,
+)
 from ._recheck import (
     DEFAULT_COOLDOWN_S,
     CapabilityRecheck,
@@ -8,13 +36,41 @@ from ._recheck import (
     RecheckStats,
     ToolRecheck,
 )
+from ._sweep import RetrySweep
 
 __all__ = [
     "DEFAULT_COOLDOWN_S",
+    "JOB_STATES",
+    "Attempt",
+    "BackoffPolicy",
+    "CallKind",
+    "CallOutcome",
     "CapabilityRecheck",
+    "EffectCheck",
+    "EffectStatus",
+    "EnqueueRequest",
+    "IdempotencyConflict",
+    "InvalidTransition",
+    "Job",
+    "JobState",
+    "QueueClosed",
+    "QueueCorrupt",
+    "QueueError",
+    "QueueStats",
+    "QueueStorageError",
     "RecheckStats",
     "Rechecker",
     "RecoveryError",
+    "RetryQueue",
+    "RetrySweep",
     "ToolRecheck",
+    "UnknownJob",
     "UnknownTool",
+    "Verdict",
+    "Verification",
+    "call_capability",
+    "check_effect",
+    "combine",
+    "default_state_dir",
+    "verify_post_write_effects",
 ]

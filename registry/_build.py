@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ._declarations import capability_from_spec, load_declarations
 from ._errors import DeclarationError
-from ._model import Capability, ToolSpec
+from ._model import Capability, OpEffect, ToolSpec
 from ._ops import entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
@@ -90,6 +90,14 @@ async def build(
                 f"requires unknown tool {', '.join(repr(t) for t in unknown)}; declare it under "
                 "[tools.<id>] in capd.toml or in a declaration file",
                 capability=cap.name, field="requires",
+            ))
+            continue
+        missing_ops = [e.op for e in cap.effects if isinstance(e, OpEffect) and e.op not in ops.ops]
+        if missing_ops:
+            errors.append(DeclarationError(
+                cap.source or "?",
+                f"effects: verify op {', '.join(repr(o) for o in missing_ops)} is not registered",
+                capability=cap.name, field="effects",
             ))
             continue
         accepted[cap.name] = cap

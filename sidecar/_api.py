@@ -19,7 +19,13 @@ import orjson
 import structlog
 from aiohttp import web
 
-from recovery import UnknownTool
+from recovery import (
+    IdempotencyConflict,
+    InvalidTransition,
+    QueueClosed,
+    UnknownJob,
+    UnknownTool,
+)
 from registry import CapdError, UnknownCapability
 
 from ._errors import BadRequest, Draining, InvalidParams
@@ -122,6 +128,14 @@ def _problem_for(exc: Exception, request: web.Request) -> web.Response:
             return problem(404, "Unknown Tool", str(exc))
         case Draining():
             return problem(503, "Draining", str(exc))
+        case UnknownJob():
+            return problem(404, "Unknown Job", str(exc))
+        case IdempotencyConflict():
+            return problem(409, "Idempotency Conflict", str(exc))
+        case InvalidTransition():
+            return problem(409, "Invalid Transition", str(exc))
+        case QueueClosed():
+            return problem(503, "Queue Closed", str(exc))
         case web.HTTPRequestEntityTooLarge():
             return problem(413, "Payload Too Large",
                            f"request body is larger than {request.app[MAX_BODY_BYTES]} bytes; "
@@ -153,7 +167,8 @@ def _endpoint(
                         raise BadRequest(f"malformed JSON body: {exc}") from None
             ctx = Context(daemon=daemon, path=dict(request.match_info),
                           query=dict(request.query) if request.query_string else {},
-                          body=body, caller=creds.of(request), request_id=request_id)
+                          body=body, caller=creds.of(request), request_id=request_id,
+                          idempotency_key=request.headers.get("Idempotency-Key"))
             reply = await row.handler(ctx)
         except Exception as exc:  # every failure becomes a problem+json answer
             response = _problem_for(exc, request)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from recovery import BackoffPolicy, default_state_dir
 from registry import BuildConfig, ConfigError, DeclarationError, TemplateError, ToolSpec
 from registry._declarations import describe_validation_error, parse_tool, render_vars
 
@@ -43,6 +44,16 @@ class CapdConfig(BaseSettings):
     )
     drain_grace_s: float = Field(10.0, ge=0)
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    queue_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    retry_base_s: float = Field(1.0, gt=0)
+    retry_factor: float = Field(2.0, ge=1)
+    retry_cap_s: float = Field(300.0, gt=0)
+    retry_max_attempts: int = Field(8, ge=1)
+    retry_max_age_s: float = Field(7 * 86400.0, gt=0)
+    lease_grace_s: float = Field(5.0, ge=0)
+    verify_grace_s: float = Field(2.0, ge=0)
+    sweep_batch: int = Field(32, ge=1, le=1000)
+    health_pending_age_s: float = Field(600.0, gt=0)
 
     @classmethod
     def settings_customise_sources(
@@ -95,6 +106,16 @@ class LoadedConfig:
     def label(self) -> str:
         """The config file's name for messages."""
         return str(self.path) if self.path else "environment"
+
+    def state_dir(self) -> Path:
+        """Where the queue lives: ``state_dir`` from the config, else the default."""
+        return self.resolve(self.config.state_dir) if self.config.state_dir else default_state_dir()
+
+    def backoff(self) -> BackoffPolicy:
+        """The retry back-off from the config."""
+        c = self.config
+        return BackoffPolicy(base_s=c.retry_base_s, factor=c.retry_factor, cap_s=c.retry_cap_s,
+                             max_attempts=c.retry_max_attempts, max_age_s=c.retry_max_age_s)
 
     def build_config(self) -> BuildConfig:
         """Return what :func:`registry.build` needs, paths resolved."""

@@ -21,12 +21,13 @@ from typing import Any, Literal, TypeVar
 import structlog
 from aiohttp import web
 
-from recovery import Rechecker
+from recovery import Rechecker, RetryQueue, RetrySweep
 from registry import Registry, build
 
 from ._api import make_app
 from ._config import LoadedConfig, load_config
 from ._gateway import Gateway
+from ._queueing import QueueSink
 from ._reload import Reloader
 from ._socket import bind_unix_socket, default_socket_path, remove_socket, socket_inode
 
@@ -67,6 +68,8 @@ class Daemon:
         self.rechecker = Rechecker(lambda: self.registry, cooldown_s=config.recheck_cooldown_s)
         self.gateway = Gateway(lambda: self.registry, self.rechecker)
         self.reloader = Reloader(self._rebuild, self._swap, spawn=self.spawn)
+        self.queue: RetryQueue | None = None
+        self.sweep: RetrySweep | None = None
 
     @property
     def uptime_s(self) -> float:
@@ -125,18 +128,33 @@ class Daemon:
         config, a broken plugin, a socket in use) before anything is bound.
         """
         config = self.loaded.config
-        loop = asyncio.get_running_loop()
 
-        # Phase 1: build the registry (probes run concurrently).
+        # Phase 1: open the retry queue (refuses a corrupt file or pragmas that did not take).
+        queue_path = self.loaded.state_dir() / "queue.db"
+        self.queue = await RetryQueue.open(queue_path, synchronous=config.queue_synchronous,
+                                           backoff=self.loaded.backoff())
+        try:
+            return await self._run_with_queue(self.queue)
+        finally:
+            await self.queue.close()
+
+    async def _run_with_queue(self, queue: RetryQueue) -> int:
+        config = self.loaded.config
+        loop = asyncio.get_running_loop()
+        self.gateway.failure_sink = QueueSink(queue, verify_grace_s=config.verify_grace_s)
+        self.sweep = RetrySweep(queue, lambda: self.registry, self.rechecker,
+                                batch=config.sweep_batch, grace_s=config.lease_grace_s)
+
+        # Phase 2: build the registry (probes run concurrently).
         self.registry = await build(self.loaded.build_config())
         counts = self.registry.snapshot().counts
-        log.info("registry_built", **counts)
+        log.info("registry_built", queue=str(queue.path), **counts)
 
-        # Phase 2: bind the socket (refuses if another daemon answers there).
+        # Phase 3: bind the socket (refuses if another daemon answers there).
         sock = bind_unix_socket(self.socket_path)
         inode = socket_inode(self.socket_path)
 
-        # Phase 3: serve.
+        # Phase 4: serve.
         app = make_app(self, max_body_bytes=config.max_body_bytes)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
@@ -145,7 +163,7 @@ class Daemon:
             loop.add_signal_handler(signum, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: self.spawn(self.reloader.reload()))
 
-        # Phase 4: ready. Objects made during start-up live for the whole run:
+        # Phase 5: ready. Objects made during start-up live for the whole run:
         # move them out of the collector's way so full collections stay cheap.
         gc.freeze()
         self.state = "ready"
@@ -158,6 +176,7 @@ class Daemon:
                     live_every_s=config.probe_live_interval_s,
                 ))
                 tg.create_task(self._watch_loop_lag())
+                tg.create_task(self.sweep.run(self._stop))
                 await self._stop.wait()
                 await self._drain(runner, config.drain_grace_s)
         finally:

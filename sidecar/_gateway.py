@@ -20,16 +20,8 @@ from typing import Any, Literal, Protocol
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from recovery import Rechecker
-from registry import (
-    Blocked,
-    Capability,
-    Partial,
-    PermanentToolError,
-    Registry,
-    ToolUnavailable,
-    TransientToolError,
-)
+from recovery import Rechecker, call_capability
+from registry import Blocked, Capability, Registry
 
 from ._errors import Draining, InvalidParams
 
@@ -38,6 +30,11 @@ log = structlog.get_logger("capd.gateway")
 ToolResultStatus = Literal[
     "success", "partial", "error_transient", "error_permanent", "error_blocked"
 ]
+
+
+_STATUS: dict[str, ToolResultStatus] = {
+    "transient": "error_transient", "permanent": "error_permanent", "blocked": "error_blocked",
+}
 
 
 class ToolResult(BaseModel):
@@ -82,7 +79,8 @@ class FailureSink(Protocol):
     """Where a transient failure of a mutating call goes (the durable retry queue)."""
 
     async def accept(
-        self, capability: Capability, params: BaseModel, result: ToolResult
+        self, capability: Capability, params: BaseModel, result: ToolResult,
+        *, idempotency_key: str | None = None,
     ) -> ToolResult: ...
 
 
@@ -144,8 +142,12 @@ class Gateway:
         caller: Caller | None = None,
         *,
         request_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> ToolResult:
         """Call capability ``name`` with ``params`` and classify the outcome.
+
+        A transient failure of a mutating capability goes to the failure sink
+        (the retry queue), keyed by ``idempotency_key`` when given.
 
         Raises :class:`UnknownCapability`, :class:`InvalidParams` or
         :class:`Draining`; every other failure is a :class:`ToolResult`.
@@ -176,7 +178,8 @@ class Gateway:
             and cap.mutates_state
             and self.failure_sink is not None
         ):
-            result = await self.failure_sink.accept(cap, model, result)
+            result = await self.failure_sink.accept(cap, model, result,
+                                                    idempotency_key=idempotency_key)
         self.stats.record(result)
         log.info(
             "call", capability=name, status=result.status, error_type=result.error_type,
@@ -211,45 +214,34 @@ class Gateway:
             )
 
         if registry.disabled_entry(cap.name) is not None:
-            outcome = await self._rechecker.recheck_disabled_capability(cap.name)
-            if not outcome.live:
+            recheck = await self._rechecker.recheck_disabled_capability(cap.name)
+            if not recheck.live:
                 entry = registry.disabled_entry(cap.name)
                 errors = dict(entry.errors) if entry else {}
                 detail = "; ".join(f"{t}: {e}" for t, e in errors.items())
                 return finish(
                     "error_transient", error_type="capability_disabled",
-                    message=f"{cap.name} is disabled: missing {', '.join(outcome.missing)}"
+                    message=f"{cap.name} is disabled: missing {', '.join(recheck.missing)}"
                     + (f" ({detail})" if detail else ""),
                 )
         try:
             for hook in self._hooks:
                 await hook(cap, params, caller)
-            async with asyncio.timeout(cap.timeout_s):
-                value = await cap.invoke(params)
         except Blocked as exc:
             return finish("error_blocked", error_type="blocked", message=exc.message)
-        except ToolUnavailable as exc:
-            tools = [exc.tool] if exc.tool else list(cap.requires)
-            for tool in tools:
+        outcome = await call_capability(cap, params)
+        if outcome.unavailable_tools:
+            for tool in outcome.unavailable_tools:
                 if registry.has_tool(tool):
-                    registry.mark_tool_down(tool, f"reported by {cap.name}: {exc.message}")
-            log.warning("passive_disable", capability=cap.name, tools=tools, error=exc.message)
-            return finish("error_transient", error_type="tool_unavailable", message=exc.message,
-                          retry_after_s=exc.retry_after_s)
-        except TransientToolError as exc:
-            return finish("error_transient", error_type="transient", message=exc.message,
-                          retry_after_s=exc.retry_after_s)
-        except PermanentToolError as exc:
-            return finish("error_permanent", error_type="permanent", message=exc.message)
-        except TimeoutError:
-            return finish("error_transient", error_type="timeout",
-                          message=f"{cap.name} did not finish within {cap.timeout_s:g}s")
-        except Exception as exc:  # an op's unexpected failure is data, not a crash
-            return finish("error_permanent", error_type=type(exc).__name__,
-                          message=str(exc) or type(exc).__name__)
-        if isinstance(value, Partial):
-            return finish("partial", result=value.value, message=value.message)
-        return finish("success", result=value)
+                    registry.mark_tool_down(tool, f"reported by {cap.name}: {outcome.message}")
+            log.warning("passive_disable", capability=cap.name,
+                        tools=list(outcome.unavailable_tools), error=outcome.message)
+        if outcome.kind == "success":
+            return finish("success", result=outcome.value)
+        if outcome.kind == "partial":
+            return finish("partial", result=outcome.value, message=outcome.message)
+        return finish(_STATUS[outcome.kind], error_type=outcome.error_type,
+                      message=outcome.message, retry_after_s=outcome.retry_after_s)
 
     @staticmethod
     def _alternatives(registry: Registry, cap: Capability) -> list[str]:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from recovery import Job, RecoveryError, RetryQueue
+
 from ._errors import BadRequest
 from ._views import capsule, disabled_view, manifest
 
@@ -32,6 +34,7 @@ class Context:
     body: Any
     caller: Caller
     request_id: str
+    idempotency_key: str | None = None
 
 
 @dataclass
@@ -98,6 +101,13 @@ async def health(ctx: Context) -> Reply:
     if d.state != "ready":
         status = "fail"
         notes.append(f"daemon is {d.state}")
+    queue_status, queue_notes, queue_checks = await _queue_health(d)
+    checks.update(queue_checks)
+    notes.extend(queue_notes)
+    if queue_status == "fail":
+        status = "fail"
+    elif queue_status == "warn" and status == "pass":
+        status = "warn"
     checks["uptime"] = [{"componentType": "system", "status": "pass",
                          "observedValue": round(d.uptime_s, 3), "observedUnit": "s"}]
     body = {
@@ -109,6 +119,36 @@ async def health(ctx: Context) -> Reply:
         "checks": checks,
     }
     return Reply(503 if status == "fail" else 200, body, content_type=HEALTH_JSON)
+
+
+async def _queue_health(d: Daemon) -> tuple[str, list[str], dict[str, list[dict[str, Any]]]]:
+    if d.queue is None:
+        return "pass", [], {}
+    try:
+        stats = await d.queue.stats()
+    except RecoveryError as exc:
+        return "fail", [f"retry queue unusable: {exc}"], {"queue:usable": [{
+            "componentType": "datastore", "status": "fail", "output": str(exc)}]}
+    status, notes = "pass", []
+    stuck = stats.by_state["dead"] + stats.by_state["needs_operator"]
+    if stuck:
+        status = "warn"
+        notes.append(f"{stats.by_state['dead']} dead and {stats.by_state['needs_operator']} "
+                     "job(s) needing an operator (capd queue list)")
+    age = stats.oldest_pending_age_s
+    limit = d.loaded.config.health_pending_age_s
+    if age is not None and age > limit:
+        status = "warn"
+        notes.append(f"oldest pending job is {age:.0f}s old (threshold {limit:g}s)")
+    checks: dict[str, list[dict[str, Any]]] = {
+        "queue:jobs": [{"componentType": "datastore", "status": "warn" if stuck else "pass",
+                        "observedValue": stats.by_state}],
+        "queue:oldest-pending-age": [{
+            "componentType": "datastore",
+            "status": "warn" if age is not None and age > limit else "pass",
+            "observedValue": None if age is None else round(age, 3), "observedUnit": "s"}],
+    }
+    return status, notes, checks
 
 
 async def livez(ctx: Context) -> Reply:
@@ -151,7 +191,8 @@ async def call(ctx: Context) -> Reply:
     if not isinstance(params, dict):
         raise BadRequest("the request body must be a JSON object of parameters")
     result = await ctx.daemon.gateway.dispatch(
-        ctx.path["name"], params, ctx.caller, request_id=ctx.request_id
+        ctx.path["name"], params, ctx.caller, request_id=ctx.request_id,
+        idempotency_key=ctx.idempotency_key,
     )
     status = {
         "success": 200, "partial": 200, "error_transient": 503, "error_permanent": 502,
@@ -236,6 +277,86 @@ async def status(ctx: Context) -> Reply:
                     "cooldown_s": d.rechecker.cooldown_s},
         "calls": {"in_flight": d.gateway.in_flight, "by_capability": d.gateway.stats.as_dict()},
         "tasks": d.task_stats(),
+        "sweep": ({"outcomes": dict(d.sweep.outcomes), "busy": d.sweep.busy}
+                  if d.sweep is not None else None),
         "event_loop_lag_s": round(d.loop_lag_s, 6),
     }
     return Reply(200, body)
+
+
+# ------------------------------------------------------------------------ queue
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` as seconds; raise :class:`BadRequest`."""
+    value = text.strip().lower()
+    unit = _UNITS.get(value[-1:])
+    number = value[:-1] if unit is not None else value
+    try:
+        seconds = float(number) * (unit or 1.0)
+    except ValueError:
+        raise BadRequest(f"{text!r} is not a duration; use e.g. 90, 45s, 30m, 12h or 7d") from None
+    if seconds < 0:
+        raise BadRequest(f"duration {text!r} is negative")
+    return seconds
+
+
+def _queue(ctx: Context) -> RetryQueue:
+    if ctx.daemon.queue is None:
+        raise BadRequest("the retry queue is not open")
+    return ctx.daemon.queue
+
+
+def _job_view(job: Job) -> dict[str, Any]:
+    return job.model_dump(mode="json")
+
+
+async def queue_list(ctx: Context) -> Reply:
+    """Jobs, newest first, optionally in one state."""
+    try:
+        limit = int(ctx.query.get("limit", "100"))
+    except ValueError:
+        raise BadRequest("limit must be a whole number") from None
+    jobs = await _queue(ctx).list_jobs(ctx.query.get("state"), limit=max(1, min(limit, 1000)))
+    return Reply(200, {"jobs": [_job_view(j) for j in jobs]})
+
+
+async def queue_show(ctx: Context) -> Reply:
+    """One job with its audit trail."""
+    queue = _queue(ctx)
+    job = await queue.get(ctx.path["id"])
+    attempts = await queue.attempts(job.id)
+    return Reply(200, {**_job_view(job), "attempts": [a.model_dump(mode="json")
+                                                      for a in attempts]})
+
+
+async def queue_retry(ctx: Context) -> Reply:
+    """Make a parked or dead job due now."""
+    return Reply(200, _job_view(await _queue(ctx).operator_retry(ctx.path["id"])))
+
+
+async def queue_cancel(ctx: Context) -> Reply:
+    """Cancel a job that is not running."""
+    return Reply(200, _job_view(await _queue(ctx).cancel(ctx.path["id"])))
+
+
+async def queue_purge(ctx: Context) -> Reply:
+    """Delete finished jobs of one state older than a duration."""
+    state = ctx.query.get("state")
+    if not state:
+        raise BadRequest("purge needs a state (done, partial, dead or cancelled)")
+    older = parse_duration(ctx.query.get("older_than", "7d"))
+    purged = await _queue(ctx).purge(state, older)
+    return Reply(200, {"purged": purged, "state": state, "older_than_s": older})
+
+
+async def queue_stats(ctx: Context) -> Reply:
+    """Counts by state, oldest pending age, next due time, sweep outcomes."""
+    queue = _queue(ctx)
+    stats = await queue.stats()
+    sweep = ctx.daemon.sweep
+    return Reply(200, {**stats.model_dump(mode="json"),
+                       "sweep": dict(sweep.outcomes) if sweep else {},
+                       "group_commit": {"batches": queue.batches, "jobs": queue.batched_jobs}})

@@ -40,3 +40,13 @@ def render_call(body: Any) -> str:
     if body.get("alternatives"):
         text += f"\nalternatives: {', '.join(body['alternatives'])}"
     return text
+
+
+def render_jobs(body: Any) -> str:
+    """A table of retry jobs."""
+    lines = [f"{'ID':<32}  {'STATE':<14} {'TRIES':>5}  CAPABILITY  LAST ERROR"]
+    for job in body["jobs"]:
+        lines.append(f"{job['id']:<32}  {job['state']:<14} "
+                     f"{job['attempts']:>2}/{job['max_attempts']:<2}  {job['capability']}  "
+                     f"{job.get('last_error') or ''}")
+    return "\n".join(lines)

@@ -83,6 +83,31 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                     "/reload", ("reload",), h.reload),
     OperatorCommand("status", "Registry, reload and task statistics.", "GET", "/status",
                     ("status",), h.status),
+    # /queue/stats and /queue/purge come before /queue/{id} so that they match first.
+    OperatorCommand("queue-stats", "Retry queue counts, oldest pending age, sweep outcomes.",
+                    "GET", "/queue/stats", ("queue", "stats"), h.queue_stats),
+    OperatorCommand(
+        "queue-purge", "Delete finished jobs of one state older than a duration.", "POST",
+        "/queue/purge", ("queue", "purge"), h.queue_purge,
+        options=(
+            Option(("--state",), "state", "done, partial, dead or cancelled",
+                   choices=("done", "partial", "dead", "cancelled")),
+            Option(("--older-than",), "older_than", "e.g. 7d, 12h, 30m (default 7d)"),
+        ),
+    ),
+    OperatorCommand(
+        "queue-list", "List retry jobs, newest first.", "GET", "/queue", ("queue", "list"),
+        h.queue_list,
+        options=(Option(("--state",), "state", "only jobs in this state"),
+                 Option(("--limit",), "limit", "at most this many (default 100)")),
+        render=r.render_jobs,
+    ),
+    OperatorCommand("queue-show", "One retry job with its attempts.", "GET", "/queue/{id}",
+                    ("queue", "show"), h.queue_show),
+    OperatorCommand("queue-retry", "Make a parked or dead job due now.", "POST",
+                    "/queue/{id}/retry", ("queue", "retry"), h.queue_retry),
+    OperatorCommand("queue-cancel", "Cancel a job that is not running.", "POST",
+                    "/queue/{id}/cancel", ("queue", "cancel"), h.queue_cancel),
 )
 
 

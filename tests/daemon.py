@@ -227,7 +227,7 @@ def write_e2e_config(folder: Path, web_port: int, **settings: Any) -> Path:
     values = {"recheck_cooldown_s": 0, "recheck_interval_s": 0.2,
               "probe_live_interval_s": 0.2, "drain_grace_s": 10, **settings}
     lines = ['plugins = ["e2e_pack"]', 'plugin_paths = ["."]', 'declarations = ["caps.toml"]',
-             "entry_points = false"]
+             "entry_points = false", 'state_dir = "state"']
     lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     lines.append(textwrap.dedent(f"""
         [tools.web]

@@ -1,0 +1,215 @@
+"""Verifying a mutating call's declared effects: did the write land?
+
+Each effect is checked with the call's parameters (and the capability's
+options) substituted into it. Each check answers ``present``, ``absent`` or
+``unknown`` (it could not decide: a timeout, a 5xx, a permission error). The
+walk combines them:
+
+- every effect present → ``verified`` (the write landed; do not call again)
+- every effect absent → ``absent`` (safe to replay)
+- some present, some absent → ``partial``
+- anything unknown → ``unknown`` (back off and verify later)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+from pydantic import BaseModel
+
+from registry import (
+    Capability,
+    CommandEffect,
+    EffectSpec,
+    FileContainsEffect,
+    FileExistsEffect,
+    HttpEffect,
+    OpEffect,
+    OpTable,
+    render,
+)
+
+EffectStatus = Literal["present", "absent", "unknown"]
+Verdict = Literal["verified", "absent", "partial", "unknown"]
+
+
+@dataclass(frozen=True)
+class EffectCheck:
+    """One effect's verdict and why."""
+
+    kind: str
+    status: EffectStatus
+    detail: str
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The combined verdict over every declared effect."""
+
+    verdict: Verdict
+    checks: tuple[EffectCheck, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON view for the attempts table and the API."""
+        return {"verdict": self.verdict,
+                "checks": [{"kind": c.kind, "status": c.status, "detail": c.detail}
+                           for c in self.checks]}
+
+
+def combine(statuses: list[EffectStatus]) -> Verdict:
+    """Combine per-effect statuses into one verdict."""
+    if not statuses or "unknown" in statuses:
+        return "unknown"
+    if all(s == "present" for s in statuses):
+        return "verified"
+    if all(s == "absent" for s in statuses):
+        return "absent"
+    return "partial"
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+async def _file_contains(effect: FileContainsEffect, values: Mapping[str, Any]) -> EffectCheck:
+    path = render(effect.path, values)
+    text = await asyncio.to_thread(_read_text, path)
+    if text is None:
+        return EffectCheck(effect.kind, "absent", f"{path} does not exist")
+    if effect.line is not None:
+        line = render(effect.line, values)
+        found = line in text.splitlines()
+        what = f"line {line!r}"
+    else:
+        assert effect.regex is not None
+        # Substituted values are escaped: a parameter is matched literally.
+        escaped = {k: re.escape(str(v)) for k, v in values.items()}
+        pattern = render(effect.regex, escaped)
+        found = re.search(pattern, text, re.MULTILINE) is not None
+        what = f"pattern {pattern!r}"
+    return EffectCheck(effect.kind, "present" if found else "absent",
+                       f"{path} {'contains' if found else 'lacks'} {what}")
+
+
+async def _file_exists(effect: FileExistsEffect, values: Mapping[str, Any]) -> EffectCheck:
+    path = render(effect.path, values)
+    exists = await asyncio.to_thread(os.path.exists, path)
+    return EffectCheck(effect.kind, "present" if exists else "absent",
+                       f"{path} {'exists' if exists else 'does not exist'}")
+
+
+def _field(document: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if isinstance(document, dict) and part in document:
+            document = document[part]
+        elif isinstance(document, list) and part.isdigit() and int(part) < len(document):
+            document = document[int(part)]
+        else:
+            raise KeyError(dotted)
+    return document
+
+
+async def _http(effect: HttpEffect, values: Mapping[str, Any]) -> EffectCheck:
+    url = render(effect.url, values)
+    async with aiohttp.ClientSession() as session, session.request(
+        effect.method, url, allow_redirects=False
+    ) as response:
+        if response.status in (404, 410):
+            return EffectCheck(effect.kind, "absent", f"{effect.method} {url} answered "
+                               f"{response.status}")
+        if response.status != effect.expect_status:
+            return EffectCheck(effect.kind, "unknown", f"{effect.method} {url} answered "
+                               f"{response.status}, expected {effect.expect_status}")
+        if effect.json_field is None:
+            return EffectCheck(effect.kind, "present", f"{effect.method} {url} answered "
+                               f"{response.status}")
+        document = await response.json(content_type=None)
+    expected = effect.json_equals
+    if isinstance(expected, str):
+        expected = render(expected, values)
+    try:
+        actual = _field(document, effect.json_field)
+    except KeyError:
+        return EffectCheck(effect.kind, "absent", f"{url}: no field {effect.json_field!r}")
+    same = actual == expected or str(actual) == str(expected)
+    return EffectCheck(effect.kind, "present" if same else "absent",
+                       f"{url}: {effect.json_field} is {actual!r}, expected {expected!r}")
+
+
+async def _command(effect: CommandEffect, values: Mapping[str, Any]) -> EffectCheck:
+    argv = [render(a, values) for a in effect.argv]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL)
+    except FileNotFoundError:
+        return EffectCheck(effect.kind, "unknown", f"{argv[0]!r} not found")
+    try:
+        code = await proc.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.shield(proc.wait())
+        raise
+    status: EffectStatus = "present" if code == 0 else "absent" if code == 1 else "unknown"
+    return EffectCheck(effect.kind, status, f"{' '.join(argv)!r} exited {code}")
+
+
+async def _op(effect: OpEffect, params: BaseModel, cap: Capability, ops: OpTable
+              ) -> EffectCheck:
+    spec = ops.ops.get(effect.op)
+    if spec is None:
+        return EffectCheck(effect.kind, "unknown", f"verify op {effect.op!r} is not registered")
+    outcome = spec.func(params, **cap.options)
+    if inspect.isawaitable(outcome):
+        outcome = await outcome
+    if outcome is None:
+        return EffectCheck(effect.kind, "unknown", f"{effect.op} could not decide")
+    return EffectCheck(effect.kind, "present" if outcome else "absent",
+                       f"{effect.op} returned {bool(outcome)}")
+
+
+async def check_effect(
+    effect: EffectSpec, cap: Capability, params: BaseModel, ops: OpTable
+) -> EffectCheck:
+    """Check one effect under its timeout; failures to decide are ``unknown``, never raised."""
+    values = {**cap.options, **params.model_dump()}
+    try:
+        async with asyncio.timeout(effect.timeout_s):
+            match effect:
+                case FileContainsEffect():
+                    return await _file_contains(effect, values)
+                case FileExistsEffect():
+                    return await _file_exists(effect, values)
+                case HttpEffect():
+                    return await _http(effect, values)
+                case CommandEffect():
+                    return await _command(effect, values)
+                case OpEffect():
+                    return await _op(effect, params, cap, ops)
+    except TimeoutError:
+        return EffectCheck(effect.kind, "unknown", f"timed out after {effect.timeout_s:g}s")
+    except Exception as exc:  # a check that cannot decide says so
+        return EffectCheck(effect.kind, "unknown", f"{type(exc).__name__}: {exc}")
+    raise AssertionError(f"unhandled effect kind {effect.kind}")  # pragma: no cover
+
+
+async def verify_post_write_effects(
+    cap: Capability, params: BaseModel, ops: OpTable | None = None
+) -> Verification:
+    """Check every declared effect of ``cap`` for this call, concurrently, and combine them."""
+    table = ops or OpTable()
+    checks = await asyncio.gather(*(check_effect(e, cap, params, table) for e in cap.effects))
+    return Verification(combine([c.status for c in checks]), tuple(checks))

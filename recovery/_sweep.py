@@ -1,0 +1,165 @@
+"""The retry sweep: claims due jobs and finishes them exactly once.
+
+It sleeps until the next due job or lease deadline (or until an enqueue wakes
+it), never polling on a short fixed period. Per job and policy:
+
+- ``replay``: call again.
+- ``verify_first``: walk the declared effects first. ``verified`` → done
+  without calling (the write had landed); ``absent`` → call; ``partial`` →
+  call if the capability declares ``partial_replay = "safe"``, else hand to an
+  operator; ``unknown`` → back off and verify later.
+- a disabled capability is rechecked first; if still disabled its callable is
+  invoked anyway, and an untyped failure then counts as transient, so the job
+  re-queues (never "capability not found").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import structlog
+from pydantic import ValidationError
+
+from registry import Registry, UnknownCapability
+
+from ._calls import call_capability
+from ._effects import verify_post_write_effects
+from ._queue import Job, RetryQueue
+from ._recheck import Rechecker
+
+log = structlog.get_logger("capd.sweep")
+
+
+class RetrySweep:
+    """Finishes queued jobs. Owned by the daemon; ``run`` until ``stop`` is set."""
+
+    def __init__(
+        self,
+        queue: RetryQueue,
+        registry: Callable[[], Registry],
+        rechecker: Rechecker,
+        *,
+        batch: int = 32,
+        grace_s: float = 5.0,
+        idle_max_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._queue = queue
+        self._registry = registry
+        self._rechecker = rechecker
+        self._batch = batch
+        self.grace_s = grace_s
+        self._idle_max_s = idle_max_s
+        self._clock = clock
+        self._kick = asyncio.Event()
+        self.outcomes: Counter[str] = Counter()
+        self.busy = 0
+        queue.on_enqueue = self._kick.set
+
+    def kick(self) -> None:
+        """Look at the queue now (something was enqueued or made due)."""
+        self._kick.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Recover orphaned leases, then sweep until ``stop`` is set."""
+        await self._queue.expire_previous_boot_leases()
+        while not stop.is_set():
+            self._kick.clear()
+            await self.sweep_once()
+            wake_at = await self._queue.next_wake_at()
+            delay = self._idle_max_s if wake_at is None else max(0.0, wake_at - self._clock())
+            stopper = asyncio.ensure_future(stop.wait())
+            kicker = asyncio.ensure_future(self._kick.wait())
+            try:
+                await asyncio.wait({stopper, kicker}, timeout=min(delay, self._idle_max_s),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopper.cancel()
+                kicker.cancel()
+
+    async def sweep_once(self) -> int:
+        """Requeue expired leases, claim due jobs and process them; return how many."""
+        await self._queue.requeue_expired_leases()
+        jobs = await self._queue.claim_due(self._batch, grace_s=self.grace_s)
+        if jobs:
+            self.busy += len(jobs)
+            try:
+                await asyncio.gather(*(self.process(job) for job in jobs))
+            finally:
+                self.busy -= len(jobs)
+        return len(jobs)
+
+    def _count(self, outcome: str, job: Job) -> None:
+        self.outcomes[outcome] += 1
+        log.info("job_" + outcome, job=job.id, capability=job.capability, attempt=job.attempts)
+
+    async def process(self, job: Job) -> None:
+        """Take one claimed job to its next state."""
+        registry = self._registry()
+        try:
+            cap = registry.get(job.capability)
+        except UnknownCapability:
+            await self._queue.park(job, reason=f"capability {job.capability!r} no longer exists "
+                                   "(removed by a reload?); fix it and `capd queue retry`")
+            self._count("parked", job)
+            return
+        try:
+            params = cap.parameters.model_validate(job.params)
+        except ValidationError as exc:
+            await self._queue.retry_later(job, error=f"parameters no longer valid: {exc}",
+                                          error_class="invalid_params", permanent=True)
+            self._count("dead", job)
+            return
+        disabled = registry.disabled_entry(cap.name) is not None
+        if disabled:
+            disabled = not (await self._rechecker.recheck_disabled_capability(cap.name)).live
+
+        if job.policy == "verify_first":
+            verification = await verify_post_write_effects(cap, params, registry.ops)
+            await self._queue.record(job, "verify", verification.verdict, verification.as_dict())
+            if verification.verdict == "verified":
+                if await self._queue.complete(job, detail="effects verified: the write had "
+                                              "landed; not called again"):
+                    self._count("verified", job)
+                return
+            if verification.verdict == "unknown":
+                detail = "; ".join(c.detail for c in verification.checks if c.status == "unknown")
+                await self._queue.retry_later(
+                    job, error=f"verification could not decide: {detail}",
+                    error_class="verify_unknown")
+                self._count("verify_unknown", job)
+                return
+            if verification.verdict == "partial" and cap.partial_replay != "safe":
+                await self._queue.park(job, reason="effects are partly present and replay is "
+                                       "not declared safe (partial_replay = 'safe')",
+                                       error_class="partial_effects")
+                self._count("parked", job)
+                return
+
+        # The call may outlive the lease taken at claim time (verification took a while).
+        if not await self._queue.extend_lease(job, cap.timeout_s + self.grace_s):
+            self._count("lost_lease", job)
+            return
+        outcome = await call_capability(cap, params, unknown_errors_are_transient=disabled)
+        detail = f"{outcome.kind}: {outcome.error_type or ''} {outcome.message or ''}".strip()
+        if outcome.kind in ("success", "partial"):
+            if await self._queue.complete(job, state="done" if outcome.kind == "success"
+                                          else "partial", detail=detail):
+                self._count("replayed", job)
+            return
+        for tool in outcome.unavailable_tools:
+            if registry.has_tool(tool):
+                registry.mark_tool_down(tool, f"reported by {cap.name}: {outcome.message}")
+        if outcome.kind == "blocked":
+            await self._queue.park(job, reason=detail, error_class="blocked")
+            self._count("parked", job)
+            return
+        updated = await self._queue.retry_later(
+            job, error=outcome.message or outcome.kind, error_class=outcome.error_type or "error",
+            retry_after_s=outcome.retry_after_s, permanent=outcome.kind == "permanent")
+        if updated is not None:
+            self._count("dead" if updated.state == "dead" else
+                        "parked" if updated.state == "needs_operator" else "retry", job)

@@ -1,0 +1,67 @@
+"""The gateway's seam to the durable retry queue."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+from pydantic import BaseModel
+
+from recovery import EnqueueRequest, IdempotencyConflict, QueueError, RetryQueue
+from registry import Capability
+
+from ._gateway import ToolResult
+
+log = structlog.get_logger("capd.queueing")
+
+
+class QueueSink:
+    """Turns a transient failure of a mutating call into a committed retry job.
+
+    ``replay`` jobs are due after the first back-off delay; ``verify_first``
+    jobs only once the original call can no longer land (first sent + its
+    timeout + ``verify_grace_s``); ``manual`` jobs are parked for an operator.
+    The result says ``queued: <job id>`` only after the job is committed; if
+    the queue cannot take it, the result says so and nothing is queued.
+    """
+
+    def __init__(self, queue: RetryQueue, *, verify_grace_s: float = 2.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._queue = queue
+        self._verify_grace_s = verify_grace_s
+        self._clock = clock
+
+    async def accept(self, capability: Capability, params: BaseModel, result: ToolResult,
+                     *, idempotency_key: str | None = None) -> ToolResult:
+        """Enqueue the failed call; return the result with its job id."""
+        now = self._clock()
+        first_sent_at = now - result.duration_s
+        policy = capability.retry_policy
+        if policy == "verify_first":
+            run_at = first_sent_at + capability.timeout_s + self._verify_grace_s
+        elif policy == "replay":
+            run_at = now + max(self._queue.backoff.base_s, result.retry_after_s or 0.0)
+        else:
+            run_at = now
+        request = EnqueueRequest(
+            capability=capability.name, params=params.model_dump(mode="json"), policy=policy,
+            timeout_s=capability.timeout_s, first_sent_at=first_sent_at,
+            idempotency_key=idempotency_key,
+            state="needs_operator" if policy == "manual" else "pending", run_at=run_at,
+            error=result.message, error_class=result.error_type,
+        )
+        try:
+            job = await self._queue.enqueue(request)
+        except IdempotencyConflict:
+            raise
+        except QueueError as exc:
+            log.error("enqueue_failed", capability=capability.name, error=str(exc))
+            return result.model_copy(update={
+                "message": f"{result.message}; NOT queued: {exc}"})
+        where = ("parked for an operator (policy manual)" if policy == "manual"
+                 else f"will be retried (policy {policy})")
+        return result.model_copy(update={
+            "queued": job.id,
+            "message": f"{result.message}; queued as job {job.id}, {where}",
+        })

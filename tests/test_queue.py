@@ -1,0 +1,258 @@
+"""The durable retry queue on a real SQLite file: states, fencing, back-off, idempotency."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from recovery import (
+    BackoffPolicy,
+    EnqueueRequest,
+    IdempotencyConflict,
+    InvalidTransition,
+    QueueClosed,
+    QueueCorrupt,
+    QueueStorageError,
+    RetryQueue,
+    UnknownJob,
+)
+from recovery._queue import SCHEMA_VERSION
+
+from .fakes import Clock
+
+
+def request(n: int = 0, **extra: object) -> EnqueueRequest:
+    fields: dict[str, object] = {"capability": "notes.append", "params": {"n": n},
+                                 "policy": "replay", "timeout_s": 5.0, "first_sent_at": 990.0}
+    fields.update(extra)
+    return EnqueueRequest(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def queue(tmp_path: Path, clock: Clock) -> AsyncIterator[RetryQueue]:
+    q = await RetryQueue.open(tmp_path / "q.db", clock=clock, rng=random.Random(7),
+                              backoff=BackoffPolicy(max_attempts=3), boot_id="boot-a")
+    yield q
+    await q.close()
+
+
+async def test_pragmas_and_schema_version(tmp_path: Path, queue: RetryQueue) -> None:
+    """The file is WAL with user_version set; another connection sees it so."""
+    with sqlite3.connect(tmp_path / "q.db") as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+async def test_enqueue_is_committed_before_it_returns(tmp_path: Path, queue: RetryQueue) -> None:
+    """When enqueue returns, another connection already sees the job and its audit row."""
+    job = await queue.enqueue(request())
+    with sqlite3.connect(tmp_path / "q.db") as raw:
+        assert raw.execute("SELECT state FROM jobs WHERE id = ?", (job.id,)).fetchone() == (
+            "pending",)
+        assert raw.execute("SELECT kind FROM attempts WHERE job_id = ?",
+                           (job.id,)).fetchall() == [("enqueue",)]
+
+
+async def test_concurrent_enqueues_are_group_committed(queue: RetryQueue) -> None:
+    """200 concurrent enqueues land in far fewer transactions than jobs."""
+    jobs = await asyncio.gather(*(queue.enqueue(request(i)) for i in range(200)))
+    assert len({j.id for j in jobs}) == 200
+    assert queue.batched_jobs == 200
+    assert queue.batches < 20
+
+
+async def test_claim_leases_increments_attempts_and_fences(queue: RetryQueue,
+                                                           clock: Clock) -> None:
+    """A claim takes due jobs only, bumps attempts and fence, and sets lease = timeout + grace."""
+    due = await queue.enqueue(request(1))
+    later = await queue.enqueue(request(2, run_at=clock.now + 100))
+    (claimed,) = await queue.claim_due(10, grace_s=5)
+    assert claimed.id == due.id
+    assert (claimed.state, claimed.attempts, claimed.fence) == ("leased", 1, 1)
+    assert claimed.lease_until == clock.now + 5.0 + 5
+    assert (await queue.get(later.id)).state == "pending"
+
+
+async def test_complete_is_conditional_on_the_fence(queue: RetryQueue, clock: Clock) -> None:
+    """A stale worker whose lease was taken over cannot complete; the new holder can."""
+    await queue.enqueue(request())
+    (first,) = await queue.claim_due(1, grace_s=1)
+    clock.advance(60)
+    assert await queue.requeue_expired_leases() == 1
+    (second,) = await queue.claim_due(1, grace_s=1)
+    assert second.fence == first.fence + 1
+    assert await queue.complete(first) is False
+    assert await queue.complete(second) is True
+    trail = [(a.kind, a.outcome) for a in await queue.attempts(first.id)]
+    assert ("stale_worker", "rejected") in trail
+    assert trail[-1] == ("complete", "done")
+
+
+async def test_retry_later_backs_off_with_jitter_and_honours_retry_after(
+        queue: RetryQueue, clock: Clock) -> None:
+    """A transient failure is due again within the jittered delay, or after retry_after."""
+    await queue.enqueue(request())
+    (job,) = await queue.claim_due(1)
+    again = await queue.retry_later(job, error="busy", error_class="transient")
+    assert again is not None
+    assert again.state == "pending"
+    assert clock.now <= again.next_run_at <= clock.now + 1.0
+    clock.advance(2)
+    (job,) = await queue.claim_due(1)
+    hinted = await queue.retry_later(job, error="slow down", error_class="transient",
+                                     retry_after_s=120)
+    assert hinted is not None
+    assert hinted.next_run_at == pytest.approx(clock.now + 120)
+
+
+async def test_backoff_policy_full_jitter_and_cap() -> None:
+    """Delays stay within [0, min(cap, base * factor**(n-1))]."""
+    policy = BackoffPolicy(base_s=1, factor=2, cap_s=10)
+    rng = random.Random(1)
+    for attempts, ceiling in [(1, 1), (2, 2), (3, 4), (4, 8), (5, 10), (20, 10)]:
+        delays = [policy.delay_s(attempts, rng) for _ in range(200)]
+        assert all(0 <= d <= ceiling for d in delays)
+        assert max(delays) > ceiling * 0.8
+
+
+async def test_permanent_errors_go_dead_or_to_an_operator(queue: RetryQueue) -> None:
+    """Permanent: replay jobs die; manual jobs wait for an operator."""
+    await queue.enqueue(request(1))
+    await queue.enqueue(request(2, policy="manual"))
+    jobs = {j.params["n"]: j for j in await queue.claim_due(10)}
+    dead = await queue.retry_later(jobs[1], error="404", error_class="permanent", permanent=True)
+    parked = await queue.retry_later(jobs[2], error="404", error_class="permanent",
+                                     permanent=True)
+    assert (dead and dead.state, parked and parked.state) == ("dead", "needs_operator")
+
+
+async def test_a_poison_job_ends_dead_even_if_it_crashes_every_attempt(
+        queue: RetryQueue, clock: Clock) -> None:
+    """Attempts count at claim: a job whose worker always dies is dead after max_attempts."""
+    job = await queue.enqueue(request())
+    for _ in range(3):
+        assert len(await queue.claim_due(1, grace_s=0)) == 1
+        clock.advance(10)  # the worker died: its lease runs out
+        await queue.requeue_expired_leases()
+    assert await queue.claim_due(1) == []
+    dead = await queue.get(job.id)
+    assert dead.state == "dead"
+    assert dead.attempts == 3
+    assert "no attempts left" in (dead.last_error or "")
+
+
+async def test_idempotency_keys(queue: RetryQueue) -> None:
+    """Same key and params: the same job; same key, other params: a conflict."""
+    first = await queue.enqueue(request(1, idempotency_key="k1"))
+    again = await queue.enqueue(request(1, idempotency_key="k1"))
+    assert again.id == first.id
+    twins = await asyncio.gather(queue.enqueue(request(5, idempotency_key="k2")),
+                                 queue.enqueue(request(5, idempotency_key="k2")))
+    assert twins[0].id == twins[1].id
+    with pytest.raises(IdempotencyConflict, match="already used by job"):
+        await queue.enqueue(request(2, idempotency_key="k1"))
+    assert len(await queue.list_jobs()) == 2
+
+
+async def test_previous_boot_leases_are_expired_at_start(tmp_path: Path, clock: Clock) -> None:
+    """A job leased by a boot that died goes back to pending as soon as the next boot opens."""
+    path = tmp_path / "q.db"
+    old = await RetryQueue.open(path, clock=clock, boot_id="old")
+    job = await old.enqueue(request())
+    await old.claim_due(1)
+    await old.close()
+    new = await RetryQueue.open(path, clock=clock, boot_id="new")
+    try:
+        assert await new.expire_previous_boot_leases() == 1
+        assert (await new.get(job.id)).state == "pending"
+        (again,) = await new.claim_due(1)
+        assert again.attempts == 2
+    finally:
+        await new.close()
+
+
+async def test_operator_retry_cancel_and_purge(queue: RetryQueue, clock: Clock) -> None:
+    """Operators revive dead jobs, cancel waiting ones and purge finished ones."""
+    job = await queue.enqueue(request())
+    (claimed,) = await queue.claim_due(1)
+    await queue.retry_later(claimed, error="x", error_class="permanent", permanent=True)
+    revived = await queue.operator_retry(job.id)
+    assert (revived.state, revived.max_attempts) == ("pending", 3)
+    with pytest.raises(InvalidTransition, match="only needs_operator, dead"):
+        await queue.operator_retry(job.id)
+    cancelled = await queue.cancel(job.id)
+    assert cancelled.state == "cancelled"
+    with pytest.raises(InvalidTransition, match="only finished jobs can be purged"):
+        await queue.purge("pending", 0)
+    clock.advance(100)
+    assert await queue.purge("cancelled", 50) == 1
+    with pytest.raises(UnknownJob):
+        await queue.get(job.id)
+
+
+async def test_leased_jobs_cannot_be_cancelled(queue: RetryQueue) -> None:
+    """A running job is not cancelled under its worker."""
+    job = await queue.enqueue(request())
+    await queue.claim_due(1)
+    with pytest.raises(InvalidTransition, match="it is running now"):
+        await queue.cancel(job.id)
+
+
+async def test_stats_and_next_wake(queue: RetryQueue, clock: Clock) -> None:
+    """stats counts by state; next_wake_at is the earliest due time or lease deadline."""
+    await queue.enqueue(request(1, run_at=clock.now + 30))
+    await queue.enqueue(request(2, run_at=clock.now + 10))
+    stats = await queue.stats()
+    assert stats.by_state["pending"] == 2
+    assert stats.next_due_at == clock.now + 10
+    assert await queue.next_wake_at() == clock.now + 10
+
+
+async def test_closed_queue_refuses(queue: RetryQueue) -> None:
+    """After close, enqueue raises QueueClosed."""
+    await queue.close()
+    with pytest.raises(QueueClosed):
+        await queue.enqueue(request())
+
+
+async def test_a_corrupt_file_is_reported_and_never_replaced(tmp_path: Path) -> None:
+    """Garbage in the queue file: a clear QueueCorrupt, and the bytes are left as they were."""
+    path = tmp_path / "q.db"
+    garbage = b"this is not a database" * 100
+    path.write_bytes(garbage)
+    with pytest.raises(QueueCorrupt, match="is not a readable capd queue.*never replaces it"):
+        await RetryQueue.open(path)
+    assert path.read_bytes() == garbage
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    """A queue written by a newer capd is not touched."""
+    path = tmp_path / "q.db"
+    with sqlite3.connect(path) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(QueueStorageError, match="newer than this capd understands"):
+        await RetryQueue.open(path)
+
+
+async def test_migration_upgrades_an_empty_file_in_place(tmp_path: Path) -> None:
+    """A version-0 file (empty database) is migrated to the current schema, keeping its data."""
+    path = tmp_path / "q.db"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE keep_me (x)")
+        raw.execute("INSERT INTO keep_me VALUES (42)")
+    q = await RetryQueue.open(path)
+    await q.close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert raw.execute("SELECT x FROM keep_me").fetchone() == (42,)
+        assert raw.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
