@@ -230,7 +230,7 @@ async def test_a_corrupt_file_is_reported_and_never_replaced(tmp_path: Path) -> 
     path = tmp_path / "q.db"
     garbage = b"this is not a database" * 100
     path.write_bytes(garbage)
-    with pytest.raises(QueueCorrupt, match="is not a readable capd queue.*never replaces it"):
+    with pytest.raises(QueueCorrupt, match=r"is not a readable capd queue.*never replaces it"):
         await RetryQueue.open(path)
     assert path.read_bytes() == garbage
 

@@ -1,0 +1,193 @@
+"""The retry sweep against a real queue file: replay, verify-first, disabled capabilities."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep
+from registry import (
+    Capability,
+    CommandProbe,
+    PermanentToolError,
+    ProbeResult,
+    Registry,
+    TransientToolError,
+)
+
+from .fakes import Clock, FlipProbe
+
+
+class Line(BaseModel):
+    line: str
+
+
+class Harness:
+    def __init__(self, tmp: Path, queue: RetryQueue) -> None:
+        self.tmp = tmp
+        self.file = tmp / "out.txt"
+        self.file.write_text("")
+        self.queue = queue
+        self.calls = 0
+        self.fail_with: list[BaseException] = []
+        self.probe = FlipProbe(disk=True)
+        self.registry = self.make_registry()
+        self.rechecker = Rechecker(lambda: self.registry, probe=self.probe, clock=Clock(),
+                                   cooldown_s=0)
+        self.sweep = RetrySweep(queue, lambda: self.registry, self.rechecker, grace_s=0)
+
+    def write(self, params: Line) -> str:
+        self.calls += 1
+        if self.fail_with:
+            raise self.fail_with.pop(0)
+        with self.file.open("a") as handle:
+            handle.write(params.line + "\n")
+        return "written"
+
+    def make_registry(self, *, up: bool = True, **extra: Any) -> Registry:
+        effect = {"kind": "file_contains", "path": str(self.file), "line": "{line}"}
+        fields: dict[str, Any] = {
+            "name": "t.write", "summary": "write", "parameters": Line, "func": self.write,
+            "requires": ("disk",), "mutates_state": True, "retry_policy": "verify_first",
+            "effects": [effect], "timeout_s": 5}
+        fields.update(extra)
+        probes = {"disk": ProbeResult(tool="disk", ok=up, latency_s=0, checked_at=0,
+                                      error=None if up else "disk is down")}
+        return Registry([Capability(**fields)], {"disk": CommandProbe(which="sh")}, probes)
+
+    async def enqueue(self, line: str, policy: str = "verify_first") -> str:
+        job = await self.queue.enqueue(EnqueueRequest(
+            capability="t.write", params={"line": line}, policy=policy,  # type: ignore[arg-type]
+            timeout_s=5, first_sent_at=0, run_at=0))
+        return job.id
+
+    async def state(self, job_id: str) -> str:
+        return (await self.queue.get(job_id)).state
+
+    async def make_due(self) -> None:
+        """Pull every pending job's due time to now (skip the back-off in a test)."""
+        async with self.queue._lock:
+            await self.queue._db.execute("UPDATE jobs SET next_run_at = 0 WHERE state='pending'")
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    queue = await RetryQueue.open(tmp_path / "q.db", rng=random.Random(3))
+    yield Harness(tmp_path, queue)
+    await queue.close()
+
+
+async def test_verify_first_skips_the_call_when_the_write_landed(harness: Harness) -> None:
+    """The effect is already there: done, and the op is not called again."""
+    harness.file.write_text("hello\n")
+    job = await harness.enqueue("hello")
+    assert await harness.sweep.sweep_once() == 1
+    assert await harness.state(job) == "done"
+    assert harness.calls == 0
+    kinds = [(a.kind, a.outcome) for a in await harness.queue.attempts(job)]
+    assert ("verify", "verified") in kinds
+
+
+async def test_verify_first_replays_when_absent(harness: Harness) -> None:
+    """No effect: the call is made once, and the line is there exactly once."""
+    job = await harness.enqueue("hello")
+    await harness.sweep.sweep_once()
+    assert await harness.state(job) == "done"
+    assert harness.file.read_text() == "hello\n"
+
+
+async def test_replay_retries_transient_failures_until_success(harness: Harness) -> None:
+    """replay: a transient failure backs off; the next sweep succeeds."""
+    harness.fail_with = [TransientToolError("busy")]
+    job = await harness.enqueue("x", policy="replay")
+    await harness.sweep.sweep_once()
+    assert await harness.state(job) == "pending"
+    await harness.make_due()
+    await harness.sweep.sweep_once()
+    assert await harness.state(job) == "done"
+    assert harness.calls == 2
+
+
+async def test_permanent_failure_is_dead_and_inspectable(harness: Harness) -> None:
+    """A permanent error ends the job in dead with the error kept."""
+    harness.fail_with = [PermanentToolError("no such note")]
+    job = await harness.enqueue("x", policy="replay")
+    await harness.sweep.sweep_once()
+    dead = await harness.queue.get(job)
+    assert (dead.state, dead.last_error, dead.error_class) == ("dead", "no such note",
+                                                               "permanent")
+
+
+async def test_partial_effects_need_an_operator_unless_replay_is_safe(harness: Harness) -> None:
+    """Some effects present: parked by default, replayed when partial_replay is safe."""
+    harness.file.write_text("a\n")
+    both = [{"kind": "file_contains", "path": str(harness.file), "line": "a"},
+            {"kind": "file_contains", "path": str(harness.file), "line": "{line}"}]
+    harness.registry = harness.make_registry(effects=both)
+    parked = await harness.enqueue("b")
+    await harness.sweep.sweep_once()
+    assert await harness.state(parked) == "needs_operator"
+    harness.registry = harness.make_registry(effects=both, partial_replay="safe")
+    replayed = await harness.enqueue("c")
+    await harness.sweep.sweep_once()
+    assert await harness.state(replayed) == "done"
+    assert harness.file.read_text() == "a\nc\n"
+
+
+async def test_unknown_verification_backs_off(harness: Harness) -> None:
+    """A verification that cannot decide leaves the job pending with the reason."""
+    harness.registry = harness.make_registry(
+        effects=[{"kind": "command", "argv": ["sh", "-c", "exit 3"]}])
+    job = await harness.enqueue("x")
+    await harness.sweep.sweep_once()
+    pending = await harness.queue.get(job)
+    assert (pending.state, pending.error_class) == ("pending", "verify_unknown")
+    assert harness.calls == 0
+
+
+async def test_disabled_capability_is_rechecked_then_invoked_anyway(harness: Harness) -> None:
+    """Still disabled: the callable runs, its untyped failure re-queues the job; healed: done."""
+    harness.registry = harness.make_registry(up=False, retry_policy="replay", effects=[])
+    harness.probe.up["disk"] = False
+    harness.fail_with = [OSError("disk unreachable")]
+    job = await harness.enqueue("x", policy="replay")
+    await harness.sweep.sweep_once()
+    pending = await harness.queue.get(job)
+    assert pending.state == "pending"
+    assert pending.error_class == "OSError"
+    assert harness.probe.calls["disk"] == 1
+    harness.probe.up["disk"] = True
+    await harness.make_due()
+    await harness.sweep.sweep_once()
+    assert await harness.state(job) == "done"
+
+
+async def test_a_removed_capability_parks_the_job(harness: Harness) -> None:
+    """A job whose capability vanished in a reload waits for an operator, never crashes."""
+    job = await harness.queue.enqueue(EnqueueRequest(
+        capability="t.gone", params={}, policy="replay", timeout_s=1, first_sent_at=0))
+    await harness.sweep.sweep_once()
+    parked = await harness.queue.get(job.id)
+    assert parked.state == "needs_operator"
+    assert "no longer exists" in (parked.last_error or "")
+
+
+async def test_the_sweep_wakes_for_a_due_job_without_a_caller(harness: Harness) -> None:
+    """run() sleeps until the next due time and processes the job then."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(harness.sweep.run(stop))
+    job = await harness.queue.enqueue(EnqueueRequest(
+        capability="t.write", params={"line": "later"}, policy="verify_first", timeout_s=5,
+        first_sent_at=0, run_at=__import__("time").time() + 0.3))
+    async with asyncio.timeout(10):
+        while await harness.state(job.id) != "done":
+            await asyncio.sleep(0.05)
+    stop.set()
+    await task
+    assert harness.file.read_text() == "later\n"
