@@ -11,14 +11,21 @@ duplicates are printed as a ratio to the number of kills.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# bench/queue.py would shadow the standard library's `queue` (which aiosqlite
+# imports): keep this folder off sys.path, and put the repository on it.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
 import argparse
 import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.crashlib import CrashRun, summary
 

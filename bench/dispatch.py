@@ -12,6 +12,15 @@ latency while full reloads whose probes take 2 s run back to back.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# bench/queue.py would shadow the standard library's `queue` (which aiosqlite
+# imports): keep this folder off sys.path, and put the repository on it.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
 import argparse
 import asyncio
 import os

@@ -21,20 +21,20 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import os  # noqa: E402
-import sqlite3  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
+import argparse
+import asyncio
+import os
+import sqlite3
+import statistics
+import tempfile
+import threading
+import time
 
-import uvloop  # noqa: E402
-from pydantic import BaseModel  # noqa: E402
+import uvloop
+from pydantic import BaseModel
 
-from recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep  # noqa: E402
-from registry import Capability, Registry  # noqa: E402
+from recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep
+from registry import Capability, Registry
 
 
 def request(n: int) -> EnqueueRequest:

@@ -26,7 +26,6 @@ import os
 import random
 import sqlite3
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +55,7 @@ MIGRATIONS: dict[int, str] = {
         id TEXT PRIMARY KEY,
         capability TEXT NOT NULL,
         params TEXT NOT NULL,
-        idempotency_key TEXT UNIQUE,
+        idempotency_key TEXT,
         policy TEXT NOT NULL CHECK (policy IN ('manual', 'replay', 'verify_first')),
         state TEXT NOT NULL CHECK (state IN ('pending', 'leased', 'done', 'partial',
                                              'needs_operator', 'dead', 'cancelled')),
@@ -70,9 +69,13 @@ MIGRATIONS: dict[int, str] = {
         timeout_s REAL NOT NULL,
         last_error TEXT,
         error_class TEXT,
+        first_error TEXT,
+        first_error_class TEXT,
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL
-    );
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX jobs_idempotency_key ON jobs (idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
     CREATE INDEX jobs_due ON jobs (state, next_run_at);
     CREATE TABLE attempts (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -144,6 +147,8 @@ class Job(BaseModel):
     timeout_s: float
     last_error: str | None
     error_class: str | None
+    first_error: str | None = None
+    first_error_class: str | None = None
     created_at: float
     updated_at: float
 
@@ -209,8 +214,8 @@ class BackoffPolicy:
 
 @dataclass
 class _Pending:
-    request: EnqueueRequest
-    future: asyncio.Future[Job] = field(repr=False)
+    work: Callable[[sqlite3.Connection], Any]
+    future: asyncio.Future[Any] = field(repr=False)
 
 
 def _row_to_job(row: sqlite3.Row) -> Job:
@@ -247,7 +252,6 @@ class RetryQueue:
         self.boot_id = boot_id
         self._rng = rng
         self._max_batch = max_batch
-        self._lock = asyncio.Lock()
         self._pending: list[_Pending] = []
         self._wakeup = asyncio.Event()
         self._closed = False
@@ -255,6 +259,14 @@ class RetryQueue:
         self.on_enqueue: Callable[[], None] = lambda: None
         self.batches = 0
         self.batched_jobs = 0
+        self._id_prefix = os.urandom(3).hex()
+        self._id_counter = 0
+
+    def _new_id(self) -> str:
+        # Time-ordered ids: new rows append to the primary-key B-tree instead of
+        # landing at random places in it, which keeps big group commits cheap.
+        self._id_counter = (self._id_counter + 1) % 0x1000000
+        return f"{time.time_ns():016x}{self._id_prefix}{self._id_counter:06x}"
 
     # ------------------------------------------------------------- lifecycle
 
@@ -290,7 +302,7 @@ class RetryQueue:
             await db.close()
             raise
         queue = cls(path, db, backoff=backoff or BackoffPolicy(), clock=clock,
-                    boot_id=boot_id or uuid.uuid4().hex[:12], rng=rng or random.Random(),
+                    boot_id=boot_id or os.urandom(6).hex(), rng=rng or random.Random(),
                     max_batch=max_batch)
         queue._writer = asyncio.get_running_loop().create_task(queue._write_loop())
         return queue
@@ -361,8 +373,7 @@ class RetryQueue:
         self._wakeup.set()
         if self._writer is not None:
             await self._writer
-        async with self._lock:
-            await self._db.close()
+        await self._db.close()
 
     # --------------------------------------------------------------- enqueue
 
@@ -374,12 +385,46 @@ class RetryQueue:
         :class:`IdempotencyConflict` is raised. Raises :class:`QueueClosed`
         after :meth:`close`.
         """
-        if self._closed:
-            raise QueueClosed("the retry queue is closed")
-        future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(request, future))
-        self._wakeup.set()
-        return await future
+        job: Job = await self._transaction(lambda conn: self._insert(conn, request))
+        self.on_enqueue()
+        return job
+
+    def _insert(self, db: sqlite3.Connection, req: EnqueueRequest) -> Job:
+        """Insert one job in the current transaction (runs on the database thread)."""
+        key = req.idempotency_key
+        if key is not None:
+            row = db.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
+            if row is not None:
+                existing = _row_to_job(row)
+                if existing.capability != req.capability or existing.params != req.params:
+                    raise IdempotencyConflict(
+                        f"idempotency key {key!r} is already used by job {existing.id} for "
+                        f"{existing.capability} with other parameters; use a new key")
+                return existing
+        now = self._clock()
+        # Every field comes from a typed request: build without re-validating.
+        job = Job.model_construct(
+            id=self._new_id(), capability=req.capability, params=req.params,
+            idempotency_key=key, policy=req.policy, state=req.state, attempts=0,
+            max_attempts=req.max_attempts or self.backoff.max_attempts,
+            next_run_at=req.run_at if req.run_at is not None else now, lease_until=None,
+            fence=0, boot_id=self.boot_id, first_sent_at=req.first_sent_at,
+            timeout_s=req.timeout_s, last_error=req.error, error_class=req.error_class,
+            first_error=req.error, first_error_class=req.error_class,
+            created_at=now, updated_at=now,
+        )
+        # The enqueue itself is recorded in the job row (created_at, first_error): one
+        # insert per job, and attempts() shows it as the trail's first entry.
+        db.execute(
+            "INSERT INTO jobs (id, capability, params, idempotency_key, policy, state,"
+            " attempts, max_attempts, next_run_at, lease_until, fence, boot_id,"
+            " first_sent_at, timeout_s, last_error, error_class, first_error,"
+            " first_error_class, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, NULL, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (job.id, job.capability, _params_text(job.params), key, job.policy, job.state,
+             job.max_attempts, job.next_run_at, job.boot_id, job.first_sent_at, job.timeout_s,
+             job.last_error, job.error_class, job.last_error, job.error_class, now, now))
+        return job
 
     async def _write_loop(self) -> None:
         while True:
@@ -393,13 +438,11 @@ class RetryQueue:
                 return
 
     async def _commit_batch(self, batch: Sequence[_Pending]) -> None:
-        now = self._clock()
         try:
-            results = await self._transaction(lambda conn: self._write_batch(conn, batch, now))
+            results = await self._in_db_thread(lambda conn: self._run_batch(conn, batch))
         except Exception as exc:  # every caller of the batch must hear of it; none may hang
-            error = exc if isinstance(exc, QueueError) else QueueStorageError(
-                f"could not commit to the queue {self.path}: {exc}")
-            log.error("queue_commit_failed", error=repr(exc), jobs=len(batch))
+            error = QueueStorageError(f"could not commit to the queue {self.path}: {exc}")
+            log.error("queue_commit_failed", error=repr(exc), operations=len(batch))
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(error)
@@ -409,64 +452,31 @@ class RetryQueue:
         for item, outcome in zip(batch, results, strict=True):
             if item.future.done():
                 continue
-            if isinstance(outcome, Exception):
+            if isinstance(outcome, QueueError):
                 item.future.set_exception(outcome)
             else:
                 item.future.set_result(outcome)
-        self.on_enqueue()
 
-    def _write_batch(self, db: sqlite3.Connection, batch: Sequence[_Pending], now: float
-                     ) -> list[Job | Exception]:
-        """Insert a batch of jobs in the current transaction (runs on the database thread)."""
-        keys = [p.request.idempotency_key for p in batch if p.request.idempotency_key]
-        existing: dict[str, Job] = {}
-        if keys:
-            marks = ",".join("?" * len(keys))
-            cursor = db.execute(f"SELECT * FROM jobs WHERE idempotency_key IN ({marks})", keys)
-            existing = {row["idempotency_key"]: _row_to_job(row) for row in cursor.fetchall()}
-        results: list[Job | Exception] = []
-        rows: list[tuple[Any, ...]] = []
-        attempts: list[tuple[Any, ...]] = []
-        for item in batch:
-            req = item.request
-            key = req.idempotency_key
-            if key is not None and key in existing:
-                job = existing[key]
-                if job.capability != req.capability or job.params != req.params:
-                    results.append(IdempotencyConflict(
-                        f"idempotency key {key!r} is already used by job {job.id} for "
-                        f"{job.capability} with other parameters; use a new key"
-                    ))
-                else:
-                    results.append(job)
-                continue
-            # Every field comes from a typed request: build without re-validating.
-            job = Job.model_construct(
-                id=uuid.uuid4().hex, capability=req.capability, params=req.params,
-                idempotency_key=key, policy=req.policy, state=req.state, attempts=0,
-                max_attempts=req.max_attempts or self.backoff.max_attempts,
-                next_run_at=req.run_at if req.run_at is not None else now, lease_until=None,
-                fence=0, boot_id=self.boot_id, first_sent_at=req.first_sent_at,
-                timeout_s=req.timeout_s, last_error=req.error, error_class=req.error_class,
-                created_at=now, updated_at=now,
-            )
-            results.append(job)
-            if key is not None:
-                existing[key] = job
-            rows.append((job.id, job.capability, _params_text(job.params), key, job.policy,
-                         job.state, job.max_attempts, job.next_run_at, job.boot_id,
-                         job.first_sent_at, job.timeout_s, job.last_error, job.error_class,
-                         now, now))
-            attempts.append((job.id, now, self.boot_id, req.error_class, req.error))
-        if rows:
-            db.executemany(
-                "INSERT INTO jobs (id, capability, params, idempotency_key, policy, state,"
-                " attempts, max_attempts, next_run_at, lease_until, fence, boot_id,"
-                " first_sent_at, timeout_s, last_error, error_class, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, NULL, 0, ?, ?, ?, ?, ?, ?, ?)", rows)
-            db.executemany(
-                "INSERT INTO attempts (job_id, at, kind, fence, boot_id, outcome, detail)"
-                " VALUES (?, ?, 'enqueue', 0, ?, ?, ?)", attempts)
+    @staticmethod
+    def _run_batch(db: sqlite3.Connection, batch: Sequence[_Pending]) -> list[Any]:
+        """Run every operation of ``batch`` in one transaction: one COMMIT, one fsync.
+
+        An operation that refuses (a :class:`QueueError` such as an idempotency
+        conflict) raises before it writes anything, so it is answered alone
+        and the others still commit. Any database error rolls back the batch.
+        """
+        db.execute("BEGIN IMMEDIATE")
+        results: list[Any] = []
+        try:
+            for item in batch:
+                try:
+                    results.append(item.work(db))
+                except QueueError as exc:
+                    results.append(exc)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
         return results
 
     # ------------------------------------------------------------ transactions
@@ -480,32 +490,20 @@ class RetryQueue:
         result: T = await self._db._execute(fn, conn)  # type: ignore[no-untyped-call]
         return result
 
-    @staticmethod
-    def _atomically(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = work(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        return result
-
     async def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` inside the next group commit; return its result after the COMMIT."""
         if self._closed:
             raise QueueClosed("the retry queue is closed")
-        try:
-            async with self._lock:
-                return await self._in_db_thread(lambda conn: self._atomically(conn, work))
-        except (sqlite3.Error, OSError) as exc:
-            raise QueueStorageError(f"the queue {self.path} failed: {exc}") from exc
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(work, future))
+        self._wakeup.set()
+        return await future
 
     async def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         if self._closed:
             raise QueueClosed("the retry queue is closed")
         try:
-            async with self._lock:
-                return await self._in_db_thread(lambda conn: conn.execute(sql, args).fetchall())
+            return await self._in_db_thread(lambda conn: conn.execute(sql, args).fetchall())
         except (sqlite3.Error, OSError) as exc:
             raise QueueStorageError(f"the queue {self.path} failed: {exc}") from exc
 
@@ -692,9 +690,12 @@ class RetryQueue:
         return _row_to_job(rows[0])
 
     async def attempts(self, job_id: str) -> list[Attempt]:
-        """The audit trail of ``job_id``, oldest first."""
+        """The audit trail of ``job_id``, oldest first, starting with its enqueue."""
+        job = await self.get(job_id)
         rows = await self._read("SELECT * FROM attempts WHERE job_id = ? ORDER BY id", (job_id,))
-        return [Attempt.model_validate(dict(r)) for r in rows]
+        enqueue = Attempt(id=0, job_id=job.id, at=job.created_at, kind="enqueue", fence=0,
+                          boot_id=None, outcome=job.first_error_class, detail=job.first_error)
+        return [enqueue, *(Attempt.model_validate(dict(r)) for r in rows)]
 
     async def list_jobs(self, state: str | None = None, limit: int = 100) -> list[Job]:
         """Jobs, newest first, optionally in one state."""

@@ -279,6 +279,8 @@ async def status(ctx: Context) -> Reply:
         "tasks": d.task_stats(),
         "sweep": ({"outcomes": dict(d.sweep.outcomes), "busy": d.sweep.busy}
                   if d.sweep is not None else None),
+        "queue": ((await d.queue.stats()).model_dump(mode="json")
+                  if d.queue is not None else None),
         "event_loop_lag_s": round(d.loop_lag_s, 6),
     }
     return Reply(200, body)

@@ -54,13 +54,21 @@ async def test_pragmas_and_schema_version(tmp_path: Path, queue: RetryQueue) -> 
 
 
 async def test_enqueue_is_committed_before_it_returns(tmp_path: Path, queue: RetryQueue) -> None:
-    """When enqueue returns, another connection already sees the job and its audit row."""
-    job = await queue.enqueue(request())
+    """When enqueue returns, another connection already sees the job with its first error."""
+    job = await queue.enqueue(request(error="timeout", error_class="timeout"))
     with sqlite3.connect(tmp_path / "q.db") as raw:
-        assert raw.execute("SELECT state FROM jobs WHERE id = ?", (job.id,)).fetchone() == (
-            "pending",)
-        assert raw.execute("SELECT kind FROM attempts WHERE job_id = ?",
-                           (job.id,)).fetchall() == [("enqueue",)]
+        assert raw.execute("SELECT state, first_error FROM jobs WHERE id = ?",
+                           (job.id,)).fetchone() == ("pending", "timeout")
+    (first,) = await queue.attempts(job.id)
+    assert (first.kind, first.outcome, first.detail) == ("enqueue", "timeout", "timeout")
+
+
+async def test_job_ids_are_unique_and_time_ordered(queue: RetryQueue) -> None:
+    """Ids sort in creation order, and never repeat."""
+    jobs = [await queue.enqueue(request(i)) for i in range(50)]
+    ids = [j.id for j in jobs]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 50
 
 
 async def test_concurrent_enqueues_are_group_committed(queue: RetryQueue) -> None:

@@ -72,8 +72,8 @@ class Harness:
 
     async def make_due(self) -> None:
         """Pull every pending job's due time to now (skip the back-off in a test)."""
-        async with self.queue._lock:
-            await self.queue._db.execute("UPDATE jobs SET next_run_at = 0 WHERE state='pending'")
+        await self.queue._transaction(
+            lambda db: db.execute("UPDATE jobs SET next_run_at = 0 WHERE state = 'pending'"))
 
 
 @pytest.fixture
