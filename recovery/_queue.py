@@ -519,19 +519,10 @@ class RetryQueue:
     async def expire_previous_boot_leases(self) -> int:
         """At start-up: every lease held by another boot goes back to pending at once."""
         now = self._clock()
-
-        def work(db: sqlite3.Connection) -> int:
-            cursor = db.execute(
-                "UPDATE jobs SET state = 'pending', lease_until = NULL, next_run_at = ?,"
-                " updated_at = ? WHERE state = 'leased' AND (boot_id IS NULL OR boot_id != ?)"
-                " RETURNING id, fence", (now, now, self.boot_id))
-            rows = cursor.fetchall()
-            for row in rows:
-                self._audit(db, row["id"], "lease_expired", row["fence"], "pending",
-                                  "held by a previous boot")
-            return len(rows)
-
-        count: int = await self._transaction(work)
+        count = await self._release_leases(
+            "next_run_at = ?, updated_at = ? WHERE state = 'leased'"
+            " AND (boot_id IS NULL OR boot_id != ?)", (now, now, self.boot_id),
+            "held by a previous boot")
         if count:
             log.warning("orphaned_leases_recovered", jobs=count)
         return count
@@ -539,19 +530,22 @@ class RetryQueue:
     async def requeue_expired_leases(self) -> int:
         """Leases past their deadline go back to pending (their worker is presumed gone)."""
         now = self._clock()
+        return await self._release_leases(
+            "updated_at = ? WHERE state = 'leased' AND lease_until < ?", (now, now),
+            "lease ran out")
 
+    async def _release_leases(self, tail: str, args: tuple[Any, ...], why: str) -> int:
         def work(db: sqlite3.Connection) -> int:
             cursor = db.execute(
-                "UPDATE jobs SET state = 'pending', lease_until = NULL, updated_at = ?"
-                " WHERE state = 'leased' AND lease_until < ? RETURNING id, fence", (now, now))
+                f"UPDATE jobs SET state = 'pending', lease_until = NULL, {tail}"
+                " RETURNING id, fence", args)
             rows = cursor.fetchall()
             for row in rows:
-                self._audit(db, row["id"], "lease_expired", row["fence"], "pending",
-                                  "lease ran out")
+                self._audit(db, row["id"], "lease_expired", row["fence"], "pending", why)
             return len(rows)
 
-        result: int = await self._transaction(work)
-        return result
+        count: int = await self._transaction(work)
+        return count
 
     async def claim_due(self, limit: int, *, grace_s: float = 5.0) -> list[Job]:
         """Claim up to ``limit`` due jobs in one statement.

@@ -7,7 +7,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -110,25 +110,33 @@ async def test_tcp_fails_when_closed(free_port: int) -> None:
     assert "Connection refused" in result.error or "Connect call failed" in result.error
 
 
-async def test_tcp_times_out_on_a_full_backlog() -> None:
-    """A listener whose accept queue is full never completes the handshake: timeout."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
+@contextlib.contextmanager
+def full_backlog(family: int, address: object) -> Iterator[object]:
+    """A listener that never accepts, its backlog filled so a new connect cannot complete."""
+    listener = socket.socket(family)
+    listener.bind(address)
     listener.listen(0)
-    port = listener.getsockname()[1]
+    bound = listener.getsockname()
     fillers = []
     try:
         for _ in range(4):
-            filler = socket.socket()
+            filler = socket.socket(family)
             filler.setblocking(False)
             with contextlib.suppress(BlockingIOError):
-                filler.connect(("127.0.0.1", port))
+                filler.connect(bound)
             fillers.append(filler)
-        result = await run_probe("db", TcpProbe(port=port, timeout_s=0.3))
+        yield bound
     finally:
         for filler in fillers:
             filler.close()
         listener.close()
+
+
+async def test_tcp_times_out_on_a_full_backlog() -> None:
+    """A listener whose accept queue is full never completes the handshake: timeout."""
+    with full_backlog(socket.AF_INET, ("127.0.0.1", 0)) as bound:
+        port = bound[1]  # type: ignore[index]
+        result = await run_probe("db", TcpProbe(port=port, timeout_s=0.3))
     assert not result.ok
     assert result.error == "timed out after 0.3s"
 
@@ -153,22 +161,8 @@ async def test_unix_fails_when_absent(short_tmp: Path) -> None:
 async def test_unix_times_out_on_a_full_backlog(short_tmp: Path) -> None:
     """A Unix listener that never accepts and whose backlog is full: timeout."""
     path = str(short_tmp / "full.sock")
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(path)
-    listener.listen(0)
-    fillers = []
-    try:
-        for _ in range(4):
-            filler = socket.socket(socket.AF_UNIX)
-            filler.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                filler.connect(path)
-            fillers.append(filler)
+    with full_backlog(socket.AF_UNIX, path):
         result = await run_probe("sock", UnixProbe(path=path, timeout_s=0.3))
-    finally:
-        for filler in fillers:
-            filler.close()
-        listener.close()
     assert not result.ok
     assert result.error == "timed out after 0.3s"
 
