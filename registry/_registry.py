@@ -135,6 +135,11 @@ class Registry:
     def __len__(self) -> int:
         return len(self._all)
 
+    def counts(self) -> dict[str, int]:
+        """Live, disabled and declaration-error counts, without copying anything."""
+        return {"live": len(self._live), "disabled": len(self._disabled),
+                "errors": len(self._errors)}
+
     def snapshot(self) -> RegistrySnapshot:
         """Return an immutable view of the registry now."""
         return RegistrySnapshot(

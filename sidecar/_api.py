@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import structlog
 from aiohttp import web
+from structlog.contextvars import bind_contextvars
 
 from recovery import (
     IdempotencyConflict,
@@ -31,6 +32,7 @@ from registry import CapdError, UnknownCapability
 from ._errors import BadRequest, Draining, InvalidParams
 from ._gateway import Caller
 from ._handlers import Context, Reply
+from ._peers import PeerPolicy, RateLimiter
 from ._table import COMMANDS, OperatorCommand
 
 if TYPE_CHECKING:
@@ -104,6 +106,9 @@ class PeerCredentials:
 
 def _to_response(reply: Reply, request_id: str) -> web.Response:
     headers = {"X-Request-Id": request_id, **reply.headers}
+    if isinstance(reply.body, bytes):  # already rendered (Prometheus text)
+        return web.Response(status=reply.status, body=reply.body, headers={
+            **headers, "Content-Type": reply.content_type})
     return web.Response(status=reply.status, body=dumps(reply.body),
                         content_type=reply.content_type, headers=headers)
 
@@ -148,14 +153,31 @@ def _problem_for(exc: Exception, request: web.Request) -> web.Response:
 
 
 def _endpoint(
-    daemon: Daemon, row: OperatorCommand, creds: PeerCredentials, ids: RequestIds
+    daemon: Daemon, row: OperatorCommand, creds: PeerCredentials, ids: RequestIds,
+    peers: PeerPolicy, limiter: RateLimiter,
 ) -> Endpoint:
+    limited = row.id == "call"
+
     # No aiohttp middleware: the guard lives here, one coroutine per request.
     async def handle(request: web.Request) -> web.StreamResponse:
         refused = _refusal(request)
         if refused is not None:
             return refused
+        caller = creds.of(request)
+        if not peers.allows(caller):
+            log.warning("peer_denied", uid=caller.uid, gid=caller.gid, pid=caller.pid,
+                        path=request.path)
+            return problem(403, "Forbidden", "this uid may not use the capd socket; ask the "
+                           "operator to add it to allow_uids or allow_gids")
+        if limited:
+            wait_s = limiter.take(caller)
+            if wait_s is not None:
+                response = problem(429, "Too Many Requests",
+                                   f"uid {caller.uid} is over its call rate; retry later")
+                response.headers["Retry-After"] = str(max(1, round(wait_s)))
+                return response
         request_id = request.headers.get("X-Request-Id") or ids.next()
+        bind_contextvars(request_id=request_id)
         try:
             body: Any = None
             if row.method == "POST" and request.can_read_body:
@@ -167,7 +189,7 @@ def _endpoint(
                         raise BadRequest(f"malformed JSON body: {exc}") from None
             ctx = Context(daemon=daemon, path=dict(request.match_info),
                           query=dict(request.query) if request.query_string else {},
-                          body=body, caller=creds.of(request), request_id=request_id,
+                          body=body, caller=caller, request_id=request_id,
                           idempotency_key=request.headers.get("Idempotency-Key"))
             reply = await row.handler(ctx)
         except Exception as exc:  # every failure becomes a problem+json answer
@@ -194,15 +216,18 @@ def _method_not_allowed(allowed: str) -> Endpoint:
     return handle
 
 
-def make_app(daemon: Daemon, *, max_body_bytes: int) -> web.Application:
+def make_app(daemon: Daemon, *, max_body_bytes: int, peers: PeerPolicy | None = None,
+             limiter: RateLimiter | None = None) -> web.Application:
     """The aiohttp application: one route per operator table row."""
     app = web.Application(client_max_size=max_body_bytes)
     creds = PeerCredentials()
     ids = RequestIds()
+    peers = peers or PeerPolicy()
+    limiter = limiter or RateLimiter(0, 1)
     app[MAX_BODY_BYTES] = max_body_bytes
     for row in COMMANDS:
         resource = app.router.add_resource(row.path, name=row.id)
-        resource.add_route(row.method, _endpoint(daemon, row, creds, ids))
+        resource.add_route(row.method, _endpoint(daemon, row, creds, ids, peers, limiter))
         # Same path, other method: 405 as problem+json (aiohttp would answer text).
         resource.add_route("*", _method_not_allowed(row.method))
     app.router.add_route("*", "/{tail:.*}", _not_found)

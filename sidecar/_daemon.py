@@ -27,9 +27,12 @@ from registry import Registry, build
 from ._api import make_app
 from ._config import LoadedConfig, load_config
 from ._gateway import Gateway
+from ._metrics import Metrics
+from ._peers import PeerPolicy, RateLimiter
 from ._queueing import QueueSink
 from ._reload import Reloader
 from ._socket import bind_unix_socket, default_socket_path, remove_socket, socket_inode
+from ._systemd import Notifier, inherited_socket, run_watchdog, watchdog_interval_s
 
 log = structlog.get_logger("capd.daemon")
 
@@ -67,7 +70,12 @@ class Daemon:
         self.registry: Registry = Registry((), {}, {})
         self.rechecker = Rechecker(lambda: self.registry, cooldown_s=config.recheck_cooldown_s)
         self.gateway = Gateway(lambda: self.registry, self.rechecker)
-        self.reloader = Reloader(self._rebuild, self._swap, spawn=self.spawn)
+        self.metrics = Metrics(self)
+        self.gateway.observe = self.metrics.observe_call
+        self.notifier = Notifier()
+        self.reloader = Reloader(self._rebuild, self._swap, spawn=self.spawn,
+                                 on_start=self.notifier.reloading, on_end=self._reloaded)
+        self.inherited_socket = False
         self.queue: RetryQueue | None = None
         self.sweep: RetrySweep | None = None
 
@@ -111,6 +119,36 @@ class Daemon:
         self.registry = registry
         self.rechecker.cooldown_s = self.loaded.config.recheck_cooldown_s
 
+    def _reloaded(self, outcome: object) -> None:
+        # notify-reload protocol: READY=1 ends the reload, whether it worked or not.
+        self.notifier.notify("READY=1", f"STATUS={self.status_line()}")
+
+    def status_line(self, queued: int | None = None) -> str:
+        """The one-line status systemd shows: live, disabled and queued counts."""
+        counts = self.registry.counts()
+        text = f"{counts['live']} live, {counts['disabled']} disabled"
+        return text if queued is None else f"{text}, {queued} queued"
+
+    async def _report_status(self, interval_s: float = 2.0) -> None:
+        last = ""
+        while not self._stop.is_set():
+            queued = None
+            if self.queue is not None:
+                try:
+                    stats = await self.queue.stats()
+                    queued = stats.by_state["pending"] + stats.by_state["leased"]
+                except Exception as exc:  # the health check reports the queue; this only waits
+                    log.debug("status_queue_unreadable", error=str(exc))
+            line = self.status_line(queued)
+            if line != last:
+                self.notifier.status(line)
+                last = line
+            try:
+                async with asyncio.timeout(interval_s):
+                    await self._stop.wait()
+            except TimeoutError:
+                pass
+
     async def _watch_loop_lag(self) -> None:
         interval = self.lag_interval_s
         while not self._stop.is_set():
@@ -150,12 +188,26 @@ class Daemon:
         counts = self.registry.snapshot().counts
         log.info("registry_built", queue=str(queue.path), **counts)
 
-        # Phase 3: bind the socket (refuses if another daemon answers there).
-        sock = bind_unix_socket(self.socket_path)
-        inode = socket_inode(self.socket_path)
+        # Phase 3: take the socket systemd handed over, or bind our own (refusing if
+        # another daemon answers there).
+        sock = inherited_socket()
+        inode = None
+        if sock is not None:
+            self.inherited_socket = True
+            name = sock.getsockname()
+            if isinstance(name, str) and name:
+                self.socket_path = Path(name)
+            log.info("socket_inherited", socket=str(self.socket_path))
+        else:
+            sock = bind_unix_socket(self.socket_path)
+            inode = socket_inode(self.socket_path)
 
         # Phase 4: serve.
-        app = make_app(self, max_body_bytes=config.max_body_bytes)
+        app = make_app(
+            self, max_body_bytes=config.max_body_bytes,
+            peers=PeerPolicy(config.allow_uids, config.allow_gids),
+            limiter=RateLimiter(config.call_rate_per_s, config.call_burst),
+        )
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
         await web.SockSite(runner, sock).start()
@@ -167,6 +219,7 @@ class Daemon:
         # move them out of the collector's way so full collections stay cheap.
         gc.freeze()
         self.state = "ready"
+        self.notifier.ready(self.status_line())
         log.info("ready", socket=str(self.socket_path), pid=self.pid, version=self.version,
                  **counts)
         try:
@@ -177,18 +230,26 @@ class Daemon:
                 ))
                 tg.create_task(self._watch_loop_lag())
                 tg.create_task(self.sweep.run(self._stop))
+                if self.notifier.enabled:
+                    tg.create_task(self._report_status())
+                    watchdog = watchdog_interval_s()
+                    if watchdog is not None:
+                        tg.create_task(run_watchdog(self.notifier, watchdog, self._stop))
                 await self._stop.wait()
                 await self._drain(runner, config.drain_grace_s)
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
-            remove_socket(self.socket_path, inode)
+            if inode is not None:  # never unlink a socket systemd handed us
+                remove_socket(self.socket_path, inode)
+            self.notifier.close()
         self.state = "stopped"
         log.info("stopped")
         return 0
 
     async def _drain(self, runner: web.AppRunner, grace_s: float) -> None:
         # 1. Refuse new calls; /health and /readyz now answer 503.
+        self.notifier.stopping()
         self.state = "draining"
         self.gateway.draining = True
         log.info("draining", in_flight=self.gateway.in_flight, grace_s=grace_s)

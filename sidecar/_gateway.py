@@ -128,6 +128,7 @@ class Gateway:
         self._idle.set()
         self.draining = False
         self.stats = CallStats()
+        self.observe: Callable[[str, float], None] = lambda _name, _duration: None
         self._ids = itertools.count(1)
         self._id_prefix = "g" + os.urandom(3).hex()
 
@@ -181,6 +182,7 @@ class Gateway:
             result = await self.failure_sink.accept(cap, model, result,
                                                     idempotency_key=idempotency_key)
         self.stats.record(result)
+        self.observe(name, result.duration_s)
         log.info(
             "call", capability=name, status=result.status, error_type=result.error_type,
             duration_s=round(result.duration_s, 6), caller_pid=caller.pid, caller_uid=caller.uid,

@@ -362,3 +362,10 @@ async def queue_stats(ctx: Context) -> Reply:
     return Reply(200, {**stats.model_dump(mode="json"),
                        "sweep": dict(sweep.outcomes) if sweep else {},
                        "group_commit": {"batches": queue.batches, "jobs": queue.batched_jobs}})
+
+
+async def metrics(ctx: Context) -> Reply:
+    """Prometheus text exposition."""
+    from ._metrics import CONTENT_TYPE
+
+    return Reply(200, await ctx.daemon.metrics.render(), content_type=CONTENT_TYPE)

@@ -63,17 +63,36 @@ def _dumps(event: object, **_kw: object) -> bytes:
     return orjson.dumps(event, default=repr)
 
 
-def configure_logging(level: str = "info") -> None:
-    """Log JSON lines with an ISO timestamp and the level, at ``level`` and above."""
+def configure_logging(level: str = "info", log_format: str = "auto") -> None:
+    """Log at ``level`` and above: JSON lines, or a human console rendering.
+
+    ``log_format`` is ``json``, ``console`` or ``auto`` (console when stdout
+    is a terminal, JSON otherwise, as under journald).
+    """
+    console = log_format == "console" or (log_format == "auto" and sys.stdout.isatty())
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+    ]
+    if console:
+        structlog.configure(
+            processors=[*shared, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                        structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())],
+            wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+            logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+            cache_logger_on_first_use=True,
+        )
+        return
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
+            *shared,
             structlog.processors.TimeStamper(fmt=None, utc=True),
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(serializer=_dumps),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.BytesLoggerFactory(CoalescingWriter(sys.stdout.buffer)),  # type: ignore[arg-type]
+        # A CoalescingWriter is a binary file as far as BytesLogger uses one.
+        logger_factory=structlog.BytesLoggerFactory(
+            CoalescingWriter(sys.stdout.buffer)),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

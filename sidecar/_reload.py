@@ -49,8 +49,8 @@ class Reloader:
         swap: Callable[[Registry], None],
         *,
         spawn: Callable[[Awaitable[ReloadOutcome]], asyncio.Task[ReloadOutcome]],
-        on_start: Callable[[], None] = lambda: None,
-        on_end: Callable[[ReloadOutcome], None] = lambda _o: None,
+        on_start: Callable[[], object] = lambda: None,
+        on_end: Callable[[ReloadOutcome], object] = lambda _o: None,
     ) -> None:
         self._rebuild = rebuild
         self._swap = swap
@@ -60,6 +60,7 @@ class Reloader:
         self._current: asyncio.Task[ReloadOutcome] | None = None
         self._follow_up: asyncio.Task[ReloadOutcome] | None = None
         self.count = 0
+        self.ok_count = 0
         self.last: ReloadOutcome | None = None
 
     @property
@@ -102,6 +103,7 @@ class Reloader:
             log.error("reload_failed", generation=generation, error=error)
         else:
             self._swap(registry)
+            self.ok_count += 1
             counts = registry.snapshot().counts
             outcome = ReloadOutcome(ok=True, generation=generation, started_at=started_at,
                                     duration_s=time.perf_counter() - started,

@@ -83,6 +83,8 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                     "/reload", ("reload",), h.reload),
     OperatorCommand("status", "Registry, reload and task statistics.", "GET", "/status",
                     ("status",), h.status),
+    OperatorCommand("metrics", "Prometheus metrics (text format).", "GET", "/metrics",
+                    ("metrics",), h.metrics, json_mode=False),
     # /queue/stats and /queue/purge come before /queue/{id} so that they match first.
     OperatorCommand("queue-stats", "Retry queue counts, oldest pending age, sweep outcomes.",
                     "GET", "/queue/stats", ("queue", "stats"), h.queue_stats),

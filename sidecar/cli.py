@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ._daemon import Daemon, run_daemon
     from ._logging import configure_logging
 
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     # A reload re-imports plugins; cached bytecode could hide an edit made within
     # the same second that kept the file's size, so the daemon writes none.
     sys.dont_write_bytecode = True
@@ -131,7 +131,9 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
     response = request(_socket_path(args.socket), row.method, path, body=body)
     ok = 200 <= response.status < 300
     problem = response.content_type.startswith("application/problem+json")
-    if args.json:
+    if isinstance(response.body, str):  # a text body (metrics) is printed as it came
+        print(response.body, end="" if response.body.endswith("\n") else "\n")
+    elif args.json:
         print(json.dumps(response.body, indent=2))
     elif problem and isinstance(response.body, dict):
         print(f"capd: {response.body.get('detail', response.body)}", file=sys.stderr)
@@ -188,6 +190,8 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", help=f"socket path (default: {default_socket_path()})")
     serve.add_argument("--log-level", default="info",
                        choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--log-format", default="auto", choices=("auto", "json", "console"),
+                       help="auto: console on a terminal, JSON lines otherwise")
     serve.set_defaults(handler=cmd_serve)
 
     check = sub.add_parser("check", help="build the registry once and print what is live")

@@ -1,0 +1,121 @@
+"""Prometheus metrics, in the text format, from one registry owned by the daemon.
+
+Most figures are read from the daemon's own state when scraped (counters it
+already keeps), so the call path pays for one histogram observation only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from ._daemon import Daemon
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0)
+
+
+class DaemonCollector(Collector):
+    """Reads the daemon's state at scrape time. ``queue_stats`` is filled just before."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self.queue_stats: Any = None
+
+    def collect(self) -> Iterator[Any]:
+        d = self._daemon
+        calls = CounterMetricFamily("capd_calls", "Calls by capability and result state.",
+                                    labels=["capability", "status"])
+        for name, by_status in d.gateway.stats.by_status.items():
+            for status, n in by_status.items():
+                calls.add_metric([name, status], n)
+        yield calls
+
+        registry = d.registry
+        counts = registry.counts()
+        caps = GaugeMetricFamily("capd_capabilities", "Capabilities by state.", labels=["state"])
+        caps.add_metric(["live"], counts["live"])
+        caps.add_metric(["disabled"], counts["disabled"])
+        yield caps
+        yield GaugeMetricFamily("capd_declaration_errors", "Declarations that failed to load.",
+                                value=counts["errors"])
+
+        up = GaugeMetricFamily("capd_tool_up", "1 when the tool's last probe passed.",
+                               labels=["tool"])
+        latency = GaugeMetricFamily("capd_tool_probe_latency_seconds",
+                                    "Latency of the tool's last probe.", labels=["tool"])
+        checked = GaugeMetricFamily("capd_tool_probe_timestamp_seconds",
+                                    "When the tool was last probed (epoch).", labels=["tool"])
+        for tool in sorted(registry.tool_ids()):
+            result = registry.probe_result(tool)
+            if result is None:
+                continue
+            up.add_metric([tool], 1.0 if result.ok else 0.0)
+            latency.add_metric([tool], result.latency_s)
+            checked.add_metric([tool], result.checked_at)
+        yield up
+        yield latency
+        yield checked
+
+        stats = d.rechecker.stats
+        rechecks = CounterMetricFamily("capd_rechecks", "Tool rechecks by outcome.",
+                                       labels=["outcome"])
+        rechecks.add_metric(["probed"], stats.probes)
+        rechecks.add_metric(["cooldown"], stats.skipped_cooldown)
+        rechecks.add_metric(["shared"], stats.shared)
+        yield rechecks
+        yield CounterMetricFamily("capd_capabilities_restored",
+                                  "Capabilities restored by a recheck.", value=stats.restored)
+
+        reloads = CounterMetricFamily("capd_reloads", "Full reloads by result.",
+                                      labels=["result"])
+        reloads.add_metric(["ok"], d.reloader.ok_count)
+        reloads.add_metric(["failed"], d.reloader.count - d.reloader.ok_count)
+        yield reloads
+        last = d.reloader.last
+        yield GaugeMetricFamily("capd_reload_duration_seconds", "Duration of the last reload.",
+                                value=last.duration_s if last else 0.0)
+
+        if self.queue_stats is not None:
+            jobs = GaugeMetricFamily("capd_queue_jobs", "Retry jobs by state.", labels=["state"])
+            for state, n in self.queue_stats.by_state.items():
+                jobs.add_metric([state], n)
+            yield jobs
+            yield GaugeMetricFamily("capd_queue_oldest_pending_age_seconds",
+                                    "Age of the oldest pending or leased job.",
+                                    value=self.queue_stats.oldest_pending_age_s or 0.0)
+        if d.sweep is not None:
+            sweep = CounterMetricFamily("capd_sweep_outcomes", "Retry sweep outcomes.",
+                                        labels=["outcome"])
+            for outcome, n in d.sweep.outcomes.items():
+                sweep.add_metric([outcome], n)
+            yield sweep
+
+
+class Metrics:
+    """The daemon's metrics registry: the call latency histogram and the state collector."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.call_latency = Histogram(
+            "capd_call_duration_seconds", "Call latency by capability.", ["capability"],
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.collector = DaemonCollector(daemon)
+        self.registry.register(self.collector)
+        self._daemon = daemon
+
+    def observe_call(self, capability: str, duration_s: float) -> None:
+        """Record one call's latency."""
+        self.call_latency.labels(capability).observe(duration_s)
+
+    async def render(self) -> bytes:
+        """The text exposition, with fresh queue figures."""
+        queue = self._daemon.queue
+        self.collector.queue_stats = await queue.stats() if queue is not None else None
+        return generate_latest(self.registry)

@@ -1,0 +1,125 @@
+"""Peer allowlist (a real second uid), per-peer rate limit, /metrics, log formats."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import Start
+from .daemon import DaemonProcess, FlipServer, write_e2e_config
+
+PEER = "capd-test-peer"
+
+
+@pytest.fixture(scope="module")
+def peer_uid() -> int:
+    """A second uid, created here (the tests run as root in CI)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a second user needs root")
+    try:
+        return pwd.getpwnam(PEER).pw_uid
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", PEER], check=True, timeout=60)
+        return pwd.getpwnam(PEER).pw_uid
+
+
+def curl_as(uid: int, socket_path: Path, path: str) -> str:
+    """The HTTP status a client running under ``uid`` gets."""
+    done = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+         shutil.which("curl") or "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+         "--unix-socket", str(socket_path), f"http://capd{path}"],
+        capture_output=True, text=True, timeout=30, check=False)
+    return done.stdout
+
+
+def open_up(daemon: DaemonProcess) -> None:
+    """Let any uid reach the socket file, so the daemon's own check is what decides."""
+    daemon.socket.parent.chmod(0o755)
+    daemon.socket.chmod(0o666)
+
+
+def test_a_peer_with_another_uid_is_refused(start: Start, peer_uid: int) -> None:
+    """Another uid gets 403 and a log line with its uid and pid; the daemon's uid is served."""
+    daemon = start()
+    open_up(daemon)
+    assert curl_as(peer_uid, daemon.socket, "/health") == "403"
+    event = daemon.wait_event("peer_denied")
+    assert event["uid"] == peer_uid
+    assert event["pid"] > 0
+    assert daemon.call("GET", "/health").status == 200
+
+
+def test_an_allowed_uid_is_served(start: Start, peer_uid: int) -> None:
+    """With allow_uids the same peer is served."""
+    daemon = start(allow_uids=[peer_uid])
+    open_up(daemon)
+    assert curl_as(peer_uid, daemon.socket, "/health") == "200"
+
+
+def test_call_rate_limit_per_peer(start: Start) -> None:
+    """Past the burst, /call answers 429 with Retry-After; other routes are not limited."""
+    daemon = start(call_rate_per_s=0.5, call_burst=2)
+    statuses = [daemon.call("POST", "/call/e2e.echo", {}).status for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    limited = daemon.call("POST", "/call/e2e.echo", {})
+    assert int(limited.headers["Retry-After"]) >= 1
+    assert daemon.call("GET", "/health").status == 200
+
+
+def test_metrics_match_the_calls_made(start: Start) -> None:
+    """Scraped and parsed with prometheus_client: counts and histograms match the calls."""
+    daemon = start()
+    for _ in range(3):
+        assert daemon.call("POST", "/call/e2e.echo", {"text": "m"}).status == 200
+    assert daemon.call("POST", "/call/e2e.slow", {"seconds": 0}).status == 200
+    reply = daemon.call("GET", "/metrics")
+    assert reply.status == 200
+    assert reply.content_type.startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(reply.body):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    assert samples[("capd_calls_total", (("capability", "e2e.echo"),
+                                         ("status", "success")))] == 3
+    assert samples[("capd_calls_total", (("capability", "e2e.slow"),
+                                         ("status", "success")))] == 1
+    assert samples[("capd_call_duration_seconds_count", (("capability", "e2e.echo"),))] == 3
+    assert samples[("capd_capabilities", (("state", "live"),))] == 3
+    assert samples[("capd_tool_up", (("tool", "web"),))] == 1
+    assert samples[("capd_queue_jobs", (("state", "pending"),))] == 0
+    cli = subprocess.run([sys.executable, "-m", "sidecar", "metrics", "--socket",
+                          str(daemon.socket)], capture_output=True, text=True, timeout=30,
+                         check=False)
+    assert cli.returncode == 0
+    assert 'capd_calls_total{capability="e2e.echo",status="success"} 3.0' in cli.stdout
+
+
+def test_console_log_format(short_tmp: Path, web: FlipServer) -> None:
+    """--log-format console prints human lines, not JSON."""
+    config = write_e2e_config(short_tmp, web.port)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--socket",
+         str(short_tmp / "c.sock"), "--log-format", "console"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "ready" in line:
+                assert not line.startswith("{")
+                assert "[info" in line
+                break
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
