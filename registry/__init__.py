@@ -20,6 +20,7 @@ from ._model import (
     EffectSpec,
     FileContainsEffect,
     FileExistsEffect,
+    HostRequirements,
     HttpEffect,
     HttpProbe,
     LatencyClass,
@@ -46,6 +47,7 @@ from ._outcomes import (
 from ._probes import Probe, probe_all, run_probe
 from ._registry import DisabledEntry, Registry, RegistrySnapshot
 from ._schema import parameters_schema
+from ._search import Hit, SearchIndex, estimate_tokens, success_boost, tokenize
 from ._template import TemplateError, placeholders, render
 
 __all__ = [
@@ -63,6 +65,8 @@ __all__ = [
     "EffectSpec",
     "FileContainsEffect",
     "FileExistsEffect",
+    "Hit",
+    "HostRequirements",
     "HttpEffect",
     "HttpProbe",
     "LatencyClass",
@@ -81,6 +85,7 @@ __all__ = [
     "RegistryError",
     "RegistrySnapshot",
     "RetryPolicy",
+    "SearchIndex",
     "TcpProbe",
     "TemplateError",
     "ToolError",
@@ -91,6 +96,7 @@ __all__ = [
     "UnknownCapability",
     "build",
     "capability",
+    "estimate_tokens",
     "is_valid_name",
     "load_declarations",
     "load_plugins",
@@ -100,4 +106,6 @@ __all__ = [
     "probe_all",
     "render",
     "run_probe",
+    "success_boost",
+    "tokenize",
 ]

@@ -75,6 +75,7 @@ async def build(
         tools[tool_id] = tool_spec
 
     accepted: dict[str, Capability] = {}
+    not_on_host: dict[str, str] = {}
     for cap in capabilities:
         if cap.name in accepted:
             errors.append(DeclarationError(
@@ -92,6 +93,11 @@ async def build(
                 capability=cap.name, field="requires",
             ))
             continue
+        if cap.host is not None:
+            unmet = cap.host.unmet()
+            if unmet:
+                not_on_host[cap.name] = "; ".join(unmet)
+                continue
         missing_ops = [e.op for e in cap.effects if isinstance(e, OpEffect) and e.op not in ops.ops]
         if missing_ops:
             errors.append(DeclarationError(
@@ -103,4 +109,6 @@ async def build(
         accepted[cap.name] = cap
 
     probes = await probe_all(tools, probe=probe)
-    return Registry(accepted.values(), tools, probes, errors=errors, ops=ops, clock=time.time)
+    registry = Registry(accepted.values(), tools, probes, errors=errors, ops=ops, clock=time.time)
+    registry.not_on_host = not_on_host
+    return registry

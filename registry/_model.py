@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
@@ -221,6 +222,30 @@ EffectSpec = Annotated[
 
 # ---------------------------------------------------------------------- capability
 
+SUMMARY_MAX_TOKENS = 200
+
+
+class HostRequirements(BaseModel):
+    """Where a capability may be offered: an OS, programs on PATH, environment variables."""
+
+    model_config = _FROZEN
+    os: tuple[str, ...] = Field((), description="sys.platform prefixes, e.g. linux, darwin.")
+    binaries: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+
+    def unmet(self) -> list[str]:
+        """What this host lacks (empty when every requirement holds)."""
+        import shutil
+        import sys
+
+        missing: list[str] = []
+        if self.os and not any(sys.platform.startswith(o) for o in self.os):
+            missing.append(f"os is {sys.platform}, needs {' or '.join(self.os)}")
+        missing += [f"{b!r} not on PATH" for b in self.binaries if shutil.which(b) is None]
+        missing += [f"${e} not set" for e in self.env if not os.environ.get(e)]
+        return missing
+
+
 
 class Capability(BaseModel):
     """One callable unit an agent may invoke.
@@ -249,6 +274,7 @@ class Capability(BaseModel):
     timeout_s: float = Field(30.0, gt=0, le=3600)
     op_id: str | None = None
     options: Mapping[str, Any] = Field(default_factory=dict)
+    host: HostRequirements | None = None
     source: str = ""
 
     @field_validator("requires")
@@ -259,6 +285,17 @@ class Capability(BaseModel):
                 raise ValueError(f"tool id {tool!r} must match {TOOL_ID_PATTERN}")
         if len(set(value)) != len(value):
             raise ValueError("a tool is listed twice")
+        return value
+
+    @field_validator("summary")
+    @classmethod
+    def _summary_fits_a_capsule(cls, value: str) -> str:
+        tokens = -(-len(value) // 4)
+        if tokens > SUMMARY_MAX_TOKENS:
+            raise ValueError(
+                f"summary is about {tokens} tokens (1 per 4 characters); a capsule allows "
+                f"{SUMMARY_MAX_TOKENS}: move detail to 'description'"
+            )
         return value
 
     @model_validator(mode="after")

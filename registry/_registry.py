@@ -17,6 +17,7 @@ from types import MappingProxyType
 from ._errors import DeclarationError, UnknownCapability
 from ._model import Capability, ProbeResult, ToolSpec
 from ._ops import OpTable
+from ._search import SearchIndex
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class Registry:
         self._by_tool: dict[str, set[str]] = {}
         self.ops = ops or OpTable()
         self.built_at = clock()
+        self._index: SearchIndex | None = None
+        # Capabilities left out because this host lacks what they need: name -> why.
+        self.not_on_host: dict[str, str] = {}
         for cap in capabilities:
             if cap.name in self._all:
                 raise ValueError(f"duplicate capability {cap.name!r}")
@@ -134,6 +138,12 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._all)
+
+    def search_index(self) -> SearchIndex:
+        """The BM25 index over every capability, built on first use."""
+        if self._index is None:
+            self._index = SearchIndex(self._all.values())
+        return self._index
 
     def counts(self) -> dict[str, int]:
         """Live, disabled and declaration-error counts, without copying anything."""

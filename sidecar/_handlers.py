@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from recovery import Job, RecoveryError, RetryQueue
+from registry import success_boost
 
 from ._errors import BadRequest
 from ._views import capsule, disabled_view, manifest
@@ -175,7 +176,55 @@ async def list_caps(ctx: Context) -> Reply:
     items = [i for i in items if (state is None or i["state"] == state)
              and (tag is None or tag in i["tags"])]
     items.sort(key=lambda i: i["name"])
-    return Reply(200, {"capabilities": items, "counts": snap.counts})
+    offset = _int(ctx, "cursor", 0)
+    limit = _int(ctx, "limit", 1000)
+    page = items[offset:offset + limit]
+    more = offset + limit < len(items)
+    return Reply(200, {"capabilities": page, "counts": snap.counts,
+                       "next_cursor": str(offset + limit) if more else None})
+
+
+def _int(ctx: Context, name: str, default: int) -> int:
+    raw = ctx.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be a whole number, not {raw!r}") from None
+    if value < 0:
+        raise BadRequest(f"{name} must not be negative")
+    return value
+
+
+async def search(ctx: Context) -> Reply:
+    """BM25 search over capsules; disabled ones only when asked, with why."""
+    d = ctx.daemon
+    registry = d.registry
+    query = ctx.query.get("q", "")
+    tags = [t for t in ctx.query.get("tag", "").split(",") if t]
+    if not query.strip() and not tags:
+        raise BadRequest("search needs a query (q=...) or a tag")
+    k = max(1, min(_int(ctx, "k", 5), 100))
+    include_disabled = _flag(ctx, "include_disabled")
+    latency = ctx.query.get("latency_class") or None
+    if latency not in (None, "inner", "outer", "both"):
+        raise BadRequest("latency_class must be inner, outer or both")
+    live = registry.live_view()
+    hits = registry.search_index().search(
+        query, k=k, tags=tags, latency_class=latency,
+        allowed=(lambda _n: True) if include_disabled else (lambda n: n in live),
+        boost=success_boost(d.gateway.stats.by_status))
+    snap = registry.snapshot() if include_disabled else None
+    results = []
+    for hit in hits:
+        item: dict[str, Any] = {**capsule(hit.capability, live=hit.capability.name in live),
+                                "score": None if hit.exact else round(hit.score, 4),
+                                "exact": hit.exact}
+        if snap is not None and hit.capability.name in snap.disabled:
+            item["disabled"] = disabled_view(snap.disabled[hit.capability.name], snap)
+        results.append(item)
+    return Reply(200, {"query": query, "results": results})
 
 
 async def show(ctx: Context) -> Reply:

@@ -11,7 +11,7 @@ import asyncio
 import atexit
 import logging
 import sys
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 import orjson
 import structlog
@@ -63,13 +63,15 @@ def _dumps(event: object, **_kw: object) -> bytes:
     return orjson.dumps(event, default=repr)
 
 
-def configure_logging(level: str = "info", log_format: str = "auto") -> None:
+def configure_logging(level: str = "info", log_format: str = "auto",
+                      stream: TextIO | None = None) -> None:
     """Log at ``level`` and above: JSON lines, or a human console rendering.
 
     ``log_format`` is ``json``, ``console`` or ``auto`` (console when stdout
     is a terminal, JSON otherwise, as under journald).
     """
-    console = log_format == "console" or (log_format == "auto" and sys.stdout.isatty())
+    out = stream or sys.stdout
+    console = log_format == "console" or (log_format == "auto" and out.isatty())
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -77,9 +79,9 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
     if console:
         structlog.configure(
             processors=[*shared, structlog.processors.TimeStamper(fmt="iso", utc=True),
-                        structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())],
+                        structlog.dev.ConsoleRenderer(colors=out.isatty())],
             wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-            logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+            logger_factory=structlog.PrintLoggerFactory(out),
             cache_logger_on_first_use=True,
         )
         return
@@ -93,6 +95,6 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         # A CoalescingWriter is a binary file as far as BytesLogger uses one.
         logger_factory=structlog.BytesLoggerFactory(
-            CoalescingWriter(sys.stdout.buffer)),  # type: ignore[arg-type]
+            CoalescingWriter(out.buffer)),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

@@ -50,3 +50,11 @@ def render_jobs(body: Any) -> str:
                      f"{job['attempts']:>2}/{job['max_attempts']:<2}  {job['capability']}  "
                      f"{job.get('last_error') or ''}")
     return "\n".join(lines)
+
+
+def render_search(body: Any) -> str:
+    """One line per hit: state, name, summary."""
+    lines = []
+    for hit in body["results"]:
+        lines.append(f"{hit['state']:<9} {hit['name']:<32} {hit['summary']}")
+    return "\n".join(lines) or "no capability matches"

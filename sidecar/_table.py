@@ -31,6 +31,20 @@ class Option:
     target: Literal["query", "body"] = "query"
     is_flag: bool = False
     choices: tuple[str, ...] | None = None
+    positional: bool = False
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """How a row is offered as an MCP tool: its name, schema, and where each argument goes."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    path: dict[str, str] = field(default_factory=dict)     # argument -> path parameter
+    query: dict[str, str] = field(default_factory=dict)    # argument -> query key
+    body: str | None = None                                # argument sent as the JSON body
+    headers: dict[str, str] = field(default_factory=dict)  # argument -> header
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,7 @@ class OperatorCommand:
     takes_params: bool = False
     render: Callable[[Any], str] = r.render_json
     json_mode: bool = True
+    mcp: McpTool | None = None
     path_params: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,11 +85,82 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             Option(("--tag",), "tag", "only capabilities with this tag"),
         ),
         render=r.render_list,
+        mcp=McpTool(
+            "list_capabilities",
+            "List capabilities as short capsules, a page at a time, optionally by tag or "
+            "state. Use search_capabilities to find one by what it does.",
+            {"type": "object", "properties": {
+                "tag": {"type": "string", "description": "Only capabilities with this tag."},
+                "state": {"type": "string", "enum": ["live", "disabled"],
+                          "description": "Only live or only disabled ones."},
+                "cursor": {"type": "string", "description": "next_cursor of the last page."},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 200,
+                          "description": "Page size (default 50)."}}},
+            query={"tag": "tag", "state": "state", "cursor": "cursor", "limit": "limit"},
+        ),
     ),
-    OperatorCommand("show", "Full manifest of one capability, with JSON Schema.", "GET",
-                    "/capabilities/{name}", ("show",), h.show),
-    OperatorCommand("call", "Call a capability with JSON parameters.", "POST", "/call/{name}",
-                    ("call",), h.call, takes_params=True, render=r.render_call),
+    OperatorCommand(
+        "search", "Search capabilities by words, tags and latency class.", "GET", "/search",
+        ("search",), h.search,
+        options=(
+            Option(("query",), "q", "what you want to do, in words", positional=True),
+            Option(("-k",), "k", "how many results (default 5)"),
+            Option(("--tag",), "tag", "only capabilities with these tags (comma-separated)"),
+            Option(("--latency-class",), "latency_class", "inner, outer or both",
+                   choices=("inner", "outer", "both")),
+            Option(("--include-disabled",), "include_disabled",
+                   "also disabled capabilities, with why", is_flag=True),
+        ),
+        render=r.render_search,
+        mcp=McpTool(
+            "search_capabilities",
+            "Find capabilities by what you want to do. Returns the best matches as capsules "
+            "(id, summary, tags, live or disabled); then get_capability for the schema and "
+            "invoke_capability to call it.",
+            {"type": "object", "required": ["query"], "properties": {
+                "query": {"type": "string", "description": "What you want to do, in words."},
+                "k": {"type": "integer", "minimum": 1, "maximum": 50,
+                      "description": "How many results (default 5)."},
+                "tags": {"type": "array", "items": {"type": "string"},
+                         "description": "Only capabilities carrying all these tags."},
+                "latency_class": {"type": "string", "enum": ["inner", "outer", "both"],
+                                  "description": "inner: fast local; outer: network."},
+                "include_disabled": {"type": "boolean",
+                                     "description": "Also list disabled ones, with why."}}},
+            query={"query": "q", "k": "k", "tags": "tag", "latency_class": "latency_class",
+                   "include_disabled": "include_disabled"},
+        ),
+    ),
+    OperatorCommand(
+        "show", "Full manifest of one capability, with JSON Schema.", "GET",
+        "/capabilities/{name}", ("show",), h.show,
+        mcp=McpTool(
+            "get_capability",
+            "The full manifest of one capability: description, parameters' JSON Schema, "
+            "required tools, effects, retry policy, and why it is disabled if it is.",
+            {"type": "object", "required": ["id"], "properties": {
+                "id": {"type": "string", "description": "The capability id, e.g. notes.append."}}},
+            path={"id": "name"},
+        ),
+    ),
+    OperatorCommand(
+        "call", "Call a capability with JSON parameters.", "POST", "/call/{name}", ("call",),
+        h.call, takes_params=True, render=r.render_call,
+        mcp=McpTool(
+            "invoke_capability",
+            "Call a capability with its arguments. The result has a status (success, "
+            "partial, error_transient, error_permanent, error_blocked); a write that failed "
+            "transiently is queued and its job id is in 'queued'.",
+            {"type": "object", "required": ["id"], "properties": {
+                "id": {"type": "string", "description": "The capability id."},
+                "arguments": {"type": "object",
+                              "description": "Parameters, per get_capability's schema."},
+                "idempotency_key": {"type": "string",
+                                    "description": "Makes a retried write safe."}}},
+            path={"id": "name"}, body="arguments",
+            headers={"idempotency_key": "Idempotency-Key"},
+        ),
+    ),
     OperatorCommand("recheck", "Re-probe a disabled capability's missing tools.", "POST",
                     "/recheck/{name}", ("recheck",), h.recheck, options=(FORCE,)),
     OperatorCommand("recheck-tool", "Re-probe one tool and restore what it unblocks.", "POST",

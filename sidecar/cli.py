@@ -32,7 +32,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
-LOCAL_COMMANDS = ("serve", "check")
+LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config")
 
 
 class UsageError(Exception):
@@ -81,6 +81,50 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_daemon(daemon.run())
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve MCP on stdio, forwarding to the daemon."""
+    import anyio
+
+    from ._logging import configure_logging
+    from ._mcp import Bridge, DaemonDown, DaemonLink, load_profile, serve
+
+    configure_logging("warning", "json", stream=sys.stderr)  # stdout is the MCP channel
+    profile = load_profile(Path(args.profile)) if args.profile else None
+    if args.expose == "meta" and args.tag:
+        raise UsageError("--tag chooses what --expose direct exposes; add --expose direct")
+    bridge = Bridge(DaemonLink(_socket_path(args.socket)), profile=profile,
+                    direct_tags=frozenset(args.tag or ()) if args.expose == "direct" else None)
+
+    async def main() -> None:
+        try:
+            await bridge.validate_profile()
+        except DaemonDown as exc:
+            print(f"capd mcp: {exc} The profile is checked when the daemon answers.",
+                  file=sys.stderr)
+        await serve(bridge)
+
+    anyio.run(main)
+    return EXIT_OK
+
+
+def cmd_mcp_config(args: argparse.Namespace) -> int:
+    """Print the JSON an MCP client's configuration needs to launch the bridge."""
+    from ._mcp import load_profile
+
+    command = str(Path(sys.argv[0]).resolve()) if Path(sys.argv[0]).name == "capd" else "capd"
+    arguments = ["mcp", "--socket", str(_socket_path(args.socket))]
+    name = "capd"
+    if args.profile:
+        profile = load_profile(Path(args.profile))
+        arguments += ["--profile", str(Path(args.profile).resolve())]
+        name = f"capd-{profile.name}"
+    if args.expose == "direct":
+        arguments += ["--expose", "direct", *(x for t in args.tag or () for x in ("--tag", t))]
+    print(json.dumps({"mcpServers": {name: {"command": command, "args": arguments}}},
+                     indent=2))
+    return EXIT_OK
+
+
 # ----------------------------------------------------------- table-driven commands
 
 
@@ -117,7 +161,7 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
     query = {}
     body: dict[str, Any] | None = None
     for option in row.options:
-        value = getattr(args, option.dest)
+        value = getattr(args, option.flags[0] if option.positional else option.dest)
         if value in (None, False):
             continue
         if option.target == "query":
@@ -163,6 +207,10 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         for name in row.path_params:
             parser.add_argument(name, metavar=name.upper())
         for option in row.options:
+            if option.positional:
+                parser.add_argument(option.flags[0], metavar=option.flags[0].upper(),
+                                    help=option.help)
+                continue
             if option.is_flag:
                 parser.add_argument(*option.flags, dest=option.dest, action="store_true",
                                     help=option.help)
@@ -201,6 +249,19 @@ def make_parser() -> argparse.ArgumentParser:
         "--strict", action="store_true", help="exit 1 when any declaration has an error"
     )
     check.set_defaults(handler=cmd_check)
+
+    for name, handler, summary in (
+        ("mcp", cmd_mcp, "serve MCP on stdio, forwarding to the daemon"),
+        ("mcp-config", cmd_mcp_config, "print the MCP client config entry for the bridge"),
+    ):
+        mcp = sub.add_parser(name, help=summary, description=summary)
+        mcp.add_argument("--socket", help="daemon socket (default: $CAPD_SOCKET or "
+                         f"{default_socket_path()})")
+        mcp.add_argument("--profile", help="a profile TOML limiting what the agent sees")
+        mcp.add_argument("--expose", choices=("meta", "direct"), default="meta",
+                         help="direct: also offer matching capabilities as tools")
+        mcp.add_argument("--tag", action="append", help="with --expose direct: these tags")
+        mcp.set_defaults(handler=handler)
 
     _add_table_commands(sub)
     return parser

@@ -166,7 +166,7 @@ import asyncio
 import os
 
 from pydantic import BaseModel, Field
-from registry import op
+from registry import TransientToolError, op
 
 VERSION = "v1"
 
@@ -190,6 +190,11 @@ async def slow(params: Sleep) -> str:
     return "slept"
 
 
+@op("e2e.flaky")
+async def flaky(params: Text) -> None:
+    raise TransientToolError("the backend is busy")
+
+
 async def gate_probe() -> bool:
     flag = os.environ.get("E2E_SLOW_FLAG", "")
     if flag and os.path.exists(flag):
@@ -210,6 +215,14 @@ name = "e2e.web"
 op = "e2e.echo"
 summary = "Echo, needing the web tool."
 requires = ["web"]
+tags = ["e2e"]
+
+[[capability]]
+name = "e2e.flaky"
+op = "e2e.flaky"
+summary = "A write whose backend is always busy, so it gets queued."
+mutates_state = true
+retry_policy = "replay"
 tags = ["e2e"]
 
 [[capability]]

@@ -16,7 +16,8 @@ REGISTRY = {
     "capability", "is_valid_name", "load_declarations", "load_plugins", "op",
     "parameters_schema", "placeholders", "probe_all", "render", "run_probe",
     "Blocked", "Partial", "PermanentToolError", "ToolError", "ToolUnavailable",
-    "TransientToolError",
+    "TransientToolError", "Hit", "HostRequirements", "SearchIndex", "estimate_tokens",
+    "success_boost", "tokenize",
 }
 
 

@@ -49,7 +49,9 @@ def test_every_table_subcommand_takes_json_and_socket() -> None:
     """Each generated subcommand has --json and --socket, and its path parameters."""
     parser = make_parser()
     for row in COMMANDS:
-        argv = [*row.cli, *(["X"] * len(row.path_params)), "--json", "--socket", "/s"]
+        positional = [o for o in row.options if o.positional]
+        argv = [*row.cli, *(["X"] * (len(row.path_params) + len(positional))), "--json",
+                "--socket", "/s"]
         args = parser.parse_args(argv)
         assert args.json is True
         assert args.socket == "/s"

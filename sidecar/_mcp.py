@@ -1,0 +1,318 @@
+"""``capd mcp``: an MCP server on stdio that forwards to the running daemon.
+
+Meta mode (the default) offers four tools, rendered from the operator table
+rows that carry an :class:`McpTool`: ``search_capabilities``,
+``get_capability``, ``list_capabilities`` and ``invoke_capability`` — so an
+agent discovers capabilities lazily instead of loading hundreds of schemas.
+``--expose direct --tag T`` also offers each matching live capability as a
+tool of its own, and announces ``notifications/tools/list_changed`` when one
+is disabled or restored.
+
+The daemon may be down: each tool then answers with ``is_error`` and a clear
+sentence, and the next call reconnects by itself. A profile limits every
+tool to the capabilities (or tags) it names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+
+from registry import ConfigError
+
+from ._daemon import capd_version
+from ._table import COMMANDS, McpTool
+
+META_TOOLS: dict[str, McpTool] = {row.mcp.name: row.mcp for row in COMMANDS if row.mcp}
+_ROWS = {row.mcp.name: row for row in COMMANDS if row.mcp}
+DEFAULT_PAGE = 50
+
+
+class DaemonDown(Exception):
+    """Nothing answers on the daemon's socket."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The capabilities (by id or tag) one agent may see and call."""
+
+    name: str
+    capabilities: frozenset[str] = frozenset()
+    tags: frozenset[str] = frozenset()
+
+    def allows(self, name: str, tags: list[str] | tuple[str, ...]) -> bool:
+        """Whether the capability ``name`` (with ``tags``) is in the profile."""
+        return name in self.capabilities or bool(self.tags & set(tags))
+
+
+def load_profile(path: Path) -> Profile:
+    """Read a profile TOML: ``name``, ``capabilities = [...]``, ``tags = [...]``."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"profile {path} not found") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"profile {path}: {exc}") from exc
+    unknown = set(data) - {"name", "capabilities", "tags"}
+    if unknown:
+        raise ConfigError(f"profile {path}: unknown key {', '.join(sorted(unknown))}")
+    caps, tags = data.get("capabilities", []), data.get("tags", [])
+    if not isinstance(caps, list) or not isinstance(tags, list) or not (caps or tags):
+        raise ConfigError(f"profile {path}: list capabilities = [...] and/or tags = [...]")
+    return Profile(str(data.get("name", path.stem)), frozenset(map(str, caps)),
+                   frozenset(map(str, tags)))
+
+
+class DaemonLink:
+    """HTTP over the daemon's Unix socket; a fresh connection after any failure."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self._session: aiohttp.ClientSession | None = None
+
+    async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
+                      body: Any = None, headers: dict[str, str] | None = None
+                      ) -> tuple[int, Any]:
+        """Send one request; raise :class:`DaemonDown` if nothing answers."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(self.socket_path)),
+                timeout=aiohttp.ClientTimeout(total=300))
+        try:
+            async with self._session.request(
+                method, f"http://capd{path}", params=query or None,
+                json=body if method == "POST" else None, headers=headers) as response:
+                text = await response.text()
+                try:
+                    return response.status, json.loads(text) if text else None
+                except ValueError:
+                    return response.status, text
+        except (aiohttp.ClientConnectionError, FileNotFoundError, OSError) as exc:
+            await self.close()
+            raise DaemonDown(
+                f"capd is not reachable on {self.socket_path} ({exc.__class__.__name__}): is "
+                "the daemon running? Start it with `capd serve`; this bridge reconnects by "
+                "itself."
+            ) from None
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _text(value: Any, *, is_error: bool) -> types.CallToolResult:
+    structured = value if isinstance(value, dict) else None
+    text = value if isinstance(value, str) else json.dumps(value, indent=1)
+    return types.CallToolResult(content=[types.TextContent(text=text)],
+                                structured_content=structured, is_error=is_error)
+
+
+def _problem(status: int, body: Any) -> types.CallToolResult:
+    detail = body.get("detail") if isinstance(body, dict) else body
+    payload = body if isinstance(body, dict) else {"status": status, "detail": detail}
+    return types.CallToolResult(content=[types.TextContent(text=f"{detail}")],
+                                structured_content=payload, is_error=True)
+
+
+@dataclass
+class Bridge:
+    """The MCP server's state: the daemon link, the profile, what direct mode exposes."""
+
+    link: DaemonLink
+    profile: Profile | None = None
+    direct_tags: frozenset[str] | None = None
+    poll_s: float = 2.0
+    _direct: dict[str, types.Tool] = field(default_factory=dict)
+    _session: Any = None
+
+    # ------------------------------------------------------------ helpers
+
+    async def _capsules(self) -> list[dict[str, Any]]:
+        status, body = await self.link.request("GET", "/capabilities", query={"limit": "100000"})
+        if status != 200:
+            raise DaemonDown(f"capd answered {status} to GET /capabilities")
+        caps: list[dict[str, Any]] = body["capabilities"]
+        return [c for c in caps if self._allowed(c)]
+
+    def _allowed(self, capsule: dict[str, Any]) -> bool:
+        return self.profile is None or self.profile.allows(capsule["name"], capsule["tags"])
+
+    async def _check_allowed(self, name: str) -> types.CallToolResult | None:
+        if self.profile is None:
+            return None
+        status, body = await self.link.request("GET", f"/capabilities/{name}")
+        if status == 200 and self.profile.allows(name, body.get("tags", [])):
+            return None
+        return _text(f"capability {name!r} is not in this agent's profile "
+                     f"({self.profile.name})", is_error=True)
+
+    async def validate_profile(self) -> None:
+        """Every capability the profile names must exist; raise :class:`ConfigError`."""
+        if self.profile is None or not self.profile.capabilities:
+            return
+        status, body = await self.link.request("GET", "/capabilities",
+                                               query={"limit": "100000"})
+        known = {c["name"] for c in body["capabilities"]} if status == 200 else set()
+        unknown = sorted(self.profile.capabilities - known)
+        if unknown:
+            raise ConfigError(f"profile {self.profile.name}: unknown capability "
+                              f"{', '.join(repr(u) for u in unknown)}")
+
+    async def _refresh_direct(self) -> bool:
+        """Recompute the directly exposed tools; True when the set changed."""
+        if self.direct_tags is None:
+            return False
+        tools: dict[str, types.Tool] = {}
+        for capsule in await self._capsules():
+            if capsule["state"] != "live":
+                continue
+            if self.direct_tags and not self.direct_tags & set(capsule["tags"]):
+                continue
+            known = self._direct.get(capsule["name"])
+            if known is None:
+                status, manifest = await self.link.request(
+                    "GET", f"/capabilities/{capsule['name']}")
+                if status != 200:
+                    continue
+                known = types.Tool(name=capsule["name"], description=manifest["summary"],
+                                   input_schema=manifest["parameters"])
+            tools[capsule["name"]] = known
+        changed = set(tools) != set(self._direct)
+        self._direct = tools
+        return changed
+
+    # ---------------------------------------------------------------- MCP
+
+    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        """The meta tools, plus the direct ones when exposed."""
+        self._session = ctx.session
+        tools = [types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
+                 for t in META_TOOLS.values()]
+        if self.direct_tags is not None:
+            # When the daemon is down the meta tools still answer, each with the reason.
+            with contextlib.suppress(DaemonDown):
+                await self._refresh_direct()
+            tools += list(self._direct.values())
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams
+                        ) -> types.CallToolResult:
+        """Route one tool call to the daemon."""
+        self._session = ctx.session
+        arguments = dict(params.arguments or {})
+        try:
+            if params.name in META_TOOLS:
+                return await self._call_meta(params.name, arguments)
+            if self.direct_tags is not None and params.name in self._direct:
+                return await self._invoke(params.name, arguments, None)
+        except DaemonDown as exc:
+            return _text(str(exc), is_error=True)
+        return _text(f"unknown tool {params.name!r}", is_error=True)
+
+    async def _call_meta(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        spec = META_TOOLS[name]
+        missing = [a for a in spec.input_schema.get("required", []) if a not in arguments]
+        if missing:
+            return _text(f"{name} needs {', '.join(missing)}", is_error=True)
+        if name == "list_capabilities":
+            return await self._list(arguments)
+        if name == "invoke_capability":
+            return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
+                                      arguments.get("idempotency_key"))
+        if name == "get_capability":
+            refused = await self._check_allowed(str(arguments["id"]))
+            if refused is not None:
+                return refused
+        row = _ROWS[name]
+        path = row.path
+        for arg, param in spec.path.items():
+            path = path.replace("{" + param + "}", str(arguments[arg]))
+        query: dict[str, str] = {}
+        for arg, key in spec.query.items():
+            if arg in arguments and arguments[arg] is not None:
+                value = arguments[arg]
+                query[key] = (",".join(value) if isinstance(value, list) else
+                              str(value).lower() if isinstance(value, bool) else str(value))
+        if name == "search_capabilities" and self.profile is not None:
+            wanted = int(query.get("k", "5"))
+            query["k"] = "100"
+            status, body = await self.link.request(row.method, path, query=query)
+            if status == 200:
+                body["results"] = [r for r in body["results"] if self._allowed(r)][:wanted]
+        else:
+            status, body = await self.link.request(row.method, path, query=query)
+        if status >= 400:
+            return _problem(status, body)
+        return _text(body, is_error=False)
+
+    async def _list(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        caps = await self._capsules()
+        if arguments.get("tag"):
+            caps = [c for c in caps if arguments["tag"] in c["tags"]]
+        if arguments.get("state"):
+            caps = [c for c in caps if c["state"] == arguments["state"]]
+        try:
+            offset = int(arguments.get("cursor") or 0)
+            limit = int(arguments.get("limit") or DEFAULT_PAGE)
+        except ValueError:
+            return _text("cursor and limit must be whole numbers", is_error=True)
+        page = caps[offset:offset + limit]
+        more = offset + limit < len(caps)
+        return _text({"capabilities": page, "total": len(caps),
+                      "next_cursor": str(offset + limit) if more else None}, is_error=False)
+
+    async def _invoke(self, name: str, arguments: Any, key: Any) -> types.CallToolResult:
+        refused = await self._check_allowed(name)
+        if refused is not None:
+            return refused
+        headers = {"Idempotency-Key": str(key)} if key else None
+        status, body = await self.link.request("POST", f"/call/{name}", body=arguments,
+                                               headers=headers)
+        if isinstance(body, dict) and "status" in body and "capability" in body:
+            failed = body["status"] not in ("success", "partial") and not body.get("queued")
+            return _text(body, is_error=failed)
+        return _problem(status, body)
+
+    async def watch(self) -> None:
+        """Direct mode: announce tools/list_changed when the exposed set changes."""
+        while True:
+            await anyio.sleep(self.poll_s)
+            try:
+                changed = await self._refresh_direct()
+            except DaemonDown:
+                continue
+            if changed and self._session is not None:
+                await self._session.send_tool_list_changed()
+
+
+async def serve(bridge: Bridge) -> None:
+    """Run the MCP server on stdin/stdout until the client goes away."""
+    server: Server[Any] = Server("capd", version=capd_version(),
+                                 instructions="Find capabilities with search_capabilities, "
+                                 "read one with get_capability, call it with "
+                                 "invoke_capability.",
+                                 on_list_tools=bridge.list_tools,
+                                 on_call_tool=bridge.call_tool)
+    options = server.create_initialization_options(
+        NotificationOptions(tools_changed=bridge.direct_tags is not None))
+    try:
+        async with stdio_server() as (read, write), anyio.create_task_group() as group:
+            if bridge.direct_tags is not None:
+                group.start_soon(bridge.watch)
+            await server.run(read, write, options)
+            group.cancel_scope.cancel()
+    finally:
+        await bridge.link.close()
+

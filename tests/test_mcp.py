@@ -1,0 +1,167 @@
+"""capd mcp driven by the official MCP client over stdio, against a real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from sidecar._mcp import META_TOOLS
+from sidecar._table import COMMANDS
+
+from .conftest import Start
+from .daemon import DaemonProcess, FlipServer
+
+
+@asynccontextmanager
+async def bridge(socket: Path, *extra: str, seen: list[str] | None = None
+                 ) -> AsyncIterator[ClientSession]:
+    """The bridge as a subprocess, and an initialized client session to it."""
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "sidecar", "mcp", "--socket", str(socket),
+                                         *extra])
+
+    async def on_message(message: Any) -> None:
+        if seen is not None:
+            seen.append(type(message).__name__)
+
+    async with stdio_client(params) as (read, write), ClientSession(
+            read, write, message_handler=on_message) as session:
+        await session.initialize()
+        yield session
+
+
+def data(result: types.CallToolResult) -> Any:
+    assert result.structured_content is not None, result.content
+    return result.structured_content
+
+
+async def test_meta_tools_search_get_invoke(start: Start, web: FlipServer) -> None:
+    """initialize, list tools, search, get, invoke: success, bad params, disabled, queued."""
+    web.healthy = False
+    daemon = await asyncio.to_thread(start, recheck_interval_s=300, probe_live_interval_s=300)
+    async with bridge(daemon.socket) as session:
+        tools = await session.list_tools()
+        assert {t.name for t in tools.tools} == set(META_TOOLS)
+        found = data(await session.call_tool("search_capabilities",
+                                             {"query": "echo text back", "k": 3}))
+        assert found["results"][0]["name"] == "e2e.echo"
+        manifest = data(await session.call_tool("get_capability", {"id": "e2e.echo"}))
+        assert manifest["parameters"]["properties"]["text"]["type"] == "string"
+        ok = await session.call_tool("invoke_capability",
+                                     {"id": "e2e.echo", "arguments": {"text": "hi"}})
+        assert (ok.is_error, data(ok)["status"], data(ok)["result"]["text"]) == (
+            False, "success", "hi")
+        bad = await session.call_tool("invoke_capability",
+                                      {"id": "e2e.slow", "arguments": {"seconds": "soon"}})
+        assert bad.is_error
+        assert "invalid parameters for 'e2e.slow'" in bad.content[0].text  # type: ignore[union-attr]
+        disabled = await session.call_tool("invoke_capability", {"id": "e2e.web"})
+        assert disabled.is_error
+        assert data(disabled)["error_type"] == "capability_disabled"
+        queued = await session.call_tool("invoke_capability",
+                                         {"id": "e2e.flaky", "arguments": {"text": "w"}})
+        assert queued.is_error is False
+        assert data(queued)["queued"]
+        listed = data(await session.call_tool("list_capabilities", {"limit": 2}))
+        assert len(listed["capabilities"]) == 2
+        assert listed["next_cursor"] == "2"
+        rest = data(await session.call_tool("list_capabilities", {"cursor": "2"}))
+        assert rest["next_cursor"] is None
+        unknown = await session.call_tool("get_capability", {"id": "e2e.nope"})
+        assert unknown.is_error
+
+
+async def test_daemon_down_then_back(start: Start, short_tmp: Path) -> None:
+    """With the daemon stopped each tool answers an error; after a restart calls work again."""
+    daemon = await asyncio.to_thread(start)
+    async with bridge(daemon.socket) as session:
+        assert not (await session.call_tool("get_capability", {"id": "e2e.echo"})).is_error
+        assert await asyncio.to_thread(daemon.stop) == 0
+        down = await session.call_tool("search_capabilities", {"query": "echo"})
+        assert down.is_error
+        assert "capd is not reachable" in down.content[0].text  # type: ignore[union-attr]
+        again = DaemonProcess(daemon.config, daemon.socket)
+        await asyncio.to_thread(lambda: again.start().wait_ready())
+        try:
+            back = await session.call_tool("invoke_capability", {"id": "e2e.echo"})
+            assert data(back)["status"] == "success"
+        finally:
+            await asyncio.to_thread(again.kill)
+
+
+async def test_direct_mode_and_list_changed(start: Start, web: FlipServer) -> None:
+    """--expose direct offers live capabilities as tools and announces list changes."""
+    web.healthy = False
+    daemon = await asyncio.to_thread(start, probe_live_interval_s=0.2)
+    seen: list[str] = []
+    async with bridge(daemon.socket, "--expose", "direct", "--tag", "e2e",
+                      seen=seen) as session:
+        names = {t.name for t in (await session.list_tools()).tools}
+        assert {"e2e.echo", "e2e.flaky"} <= names
+        assert "e2e.web" not in names
+        echo = next(t for t in (await session.list_tools()).tools if t.name == "e2e.echo")
+        assert echo.input_schema["properties"]["text"]["type"] == "string"
+        direct = await session.call_tool("e2e.echo", {"text": "direct"})
+        assert data(direct)["result"]["text"] == "direct"
+        web.healthy = True
+        async with asyncio.timeout(20):
+            while "ToolListChangedNotification" not in seen:
+                await asyncio.sleep(0.1)
+        assert "e2e.web" in {t.name for t in (await session.list_tools()).tools}
+
+
+async def test_profile_limits_every_tool(start: Start, short_tmp: Path) -> None:
+    """A profile hides and refuses what it does not name."""
+    daemon = await asyncio.to_thread(start)
+    profile = short_tmp / "writer.toml"
+    profile.write_text('name = "writer"\ncapabilities = ["e2e.echo"]\n')
+    async with bridge(daemon.socket, "--profile", str(profile)) as session:
+        found = data(await session.call_tool("search_capabilities", {"query": "sleep echo"}))
+        assert [r["name"] for r in found["results"]] == ["e2e.echo"]
+        listed = data(await session.call_tool("list_capabilities", {}))
+        assert [c["name"] for c in listed["capabilities"]] == ["e2e.echo"]
+        refused = await session.call_tool("invoke_capability", {"id": "e2e.slow"})
+        assert refused.is_error
+        assert "not in this agent's profile (writer)" in refused.content[0].text  # type: ignore[union-attr]
+
+
+def test_unknown_capability_in_a_profile_stops_the_bridge(start: Start, short_tmp: Path
+                                                          ) -> None:
+    """A profile naming a capability the daemon does not have is an error at start."""
+    daemon = start()
+    profile = short_tmp / "bad.toml"
+    profile.write_text('capabilities = ["e2e.echo", "e2e.nope"]\n')
+    done = subprocess.run([sys.executable, "-m", "sidecar", "mcp", "--socket",
+                           str(daemon.socket), "--profile", str(profile)], input="",
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "unknown capability 'e2e.nope'" in done.stderr
+
+
+def test_mcp_config_prints_the_client_entry(short_tmp: Path) -> None:
+    """mcp-config prints a JSON mcpServers entry that launches the bridge with the profile."""
+    profile = short_tmp / "p.toml"
+    profile.write_text('name = "ops"\ntags = ["e2e"]\n')
+    done = subprocess.run([sys.executable, "-m", "sidecar", "mcp-config", "--profile",
+                           str(profile), "--socket", "/run/capd/capd.sock"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    entry = json.loads(done.stdout)["mcpServers"]["capd-ops"]
+    assert entry["args"] == ["mcp", "--socket", "/run/capd/capd.sock", "--profile",
+                             str(profile.resolve())]
+
+
+def test_mcp_tools_are_rendered_from_the_table() -> None:
+    """The third surface: every MCP meta tool is a table row's, and no other exists."""
+    assert set(META_TOOLS) == {row.mcp.name for row in COMMANDS if row.mcp}
+    assert set(META_TOOLS) == {"search_capabilities", "get_capability", "list_capabilities",
+                               "invoke_capability"}
