@@ -315,6 +315,7 @@ async def status(ctx: Context) -> Reply:
             "built_at": snap.built_at,
             "tools": {t: (r.model_dump(mode="json")) for t, r in sorted(snap.probes.items())},
             "errors": [e.as_dict() for e in snap.errors],
+            "not_on_host": dict(d.registry.not_on_host),
         },
         "reload": {
             "count": d.reloader.count,

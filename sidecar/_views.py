@@ -97,4 +97,6 @@ def render_check_table(report: dict[str, Any]) -> str:
     )
     for err in report["errors"]:
         lines.append(f"error: {err['message']}")
+    for name, why in report.get("not_on_host", {}).items():
+        lines.append(f"not offered on this host: {name}: {why}")
     return "\n".join(lines)

@@ -60,6 +60,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     loaded = load_config(_config_path(args.config))
     registry = asyncio.run(build(loaded.build_config()))
     report = check_report(registry.snapshot())
+    report["not_on_host"] = dict(registry.not_on_host)
     print(json.dumps(report, indent=2) if args.json else render_check_table(report))
     if args.strict and report["errors"]:
         return EXIT_FAILED

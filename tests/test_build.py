@@ -225,3 +225,39 @@ async def test_path_tools_use_variables(tmp_path: Path) -> None:
     result = registry.probe_result("vault")
     assert result is not None
     assert result.ok
+
+
+async def test_host_requirements_leave_a_capability_out_where_they_fail(
+    tmp_path: Path, plugin_dir: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capability needing another OS, a missing binary or an unset variable is not offered."""
+    plugin_dir("demo_plugin_host", PLUGIN)
+    monkeypatch.delenv("CAPD_TEST_UNSET", raising=False)
+    decl = tmp_path / "host.toml"
+    decl.write_text("""
+[[capability]]
+name = "host.ok"
+op = "demo.echo"
+summary = "Needs sh, which is here."
+host = { binaries = ["sh"] }
+
+[[capability]]
+name = "host.other_os"
+op = "demo.echo"
+summary = "Needs an OS this is not."
+host = { os = ["plan9"] }
+
+[[capability]]
+name = "host.env"
+op = "demo.echo"
+summary = "Needs a variable."
+host = { env = ["CAPD_TEST_UNSET"], binaries = ["capd-no-such-binary"] }
+""")
+    registry = await build(BuildConfig(plugins=("demo_plugin_host",), declarations=(decl,),
+                                       entry_points=False))
+    assert "host.ok" in registry
+    assert "host.other_os" not in registry
+    assert registry.not_on_host["host.other_os"].startswith("os is ")
+    assert registry.not_on_host["host.env"] == (
+        "'capd-no-such-binary' not on PATH; $CAPD_TEST_UNSET not set")
+    assert not [e for e in registry.snapshot().errors if (e.capability or "").startswith("host.")]

@@ -49,7 +49,7 @@ def test_exact_id_or_alias_comes_first() -> None:
     index = SearchIndex([cap("notes.append", "Append a line."),
                          cap("notes.search", "Search notes for append lines, append, append."),
                          cap("git.log", "Show commits.", aliases=("history",))])
-    assert [h.capability.name for h in index.search("notes.append")][0] == "notes.append"
+    assert index.search("notes.append")[0].capability.name == "notes.append"
     first = index.search("history")[0]
     assert (first.capability.name, first.exact) == ("git.log", True)
 
