@@ -80,6 +80,7 @@ CONFIG = textwrap.dedent('''
     declarations = ["caps.toml"]
     entry_points = false
     probe_live_interval_s = 3600
+    call_rate_per_s = 0          # measure dispatch, not the rate limiter
 
     [tools.gate]
     kind = "python"

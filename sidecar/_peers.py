@@ -23,11 +23,15 @@ def supplementary_groups(pid: int) -> frozenset[int]:
 
 
 class PeerPolicy:
-    """Same uid as the daemon by default, plus configured uids and groups."""
+    """The daemon's own uid and root by default, plus configured uids and groups.
+
+    Root is always let in: it can read the socket whatever its mode, and could
+    act as the daemon's user anyway; refusing it only gets in an operator's way.
+    """
 
     def __init__(self, uids: Iterable[int] = (), gids: Iterable[int] = (),
                  *, own_uid: int | None = None) -> None:
-        self.uids = frozenset({os.geteuid() if own_uid is None else own_uid, *uids})
+        self.uids = frozenset({0, os.geteuid() if own_uid is None else own_uid, *uids})
         self.gids = frozenset(gids)
 
     def allows(self, caller: Caller) -> bool:
