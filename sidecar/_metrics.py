@@ -109,10 +109,14 @@ class Metrics:
         self.collector = DaemonCollector(daemon)
         self.registry.register(self.collector)
         self._daemon = daemon
+        self._children: dict[str, Any] = {}
 
     def observe_call(self, capability: str, duration_s: float) -> None:
-        """Record one call's latency."""
-        self.call_latency.labels(capability).observe(duration_s)
+        """Record one call's latency (the labelled child is looked up once per capability)."""
+        child = self._children.get(capability)
+        if child is None:
+            child = self._children[capability] = self.call_latency.labels(capability)
+        child.observe(duration_s)
 
     async def render(self) -> bytes:
         """The text exposition, with fresh queue figures."""
