@@ -1,5 +1,43 @@
-"""capd's process: config, the CLI, and (next) the Unix-socket daemon."""
+"""capd's process: config, the daemon and its Unix-socket API, the gateway, the CLI.
+
+::
+
+    CapdError
+    └── SidecarError
+        ├── InvalidParams, BadRequest, Draining
+        └── SocketInUse, DaemonUnreachable
+"""
 
 from ._config import CapdConfig, LoadedConfig, load_config
+from ._daemon import Daemon
+from ._errors import (
+    BadRequest,
+    DaemonUnreachable,
+    Draining,
+    InvalidParams,
+    SidecarError,
+    SocketInUse,
+)
+from ._gateway import Caller, Gateway, ToolResult, ToolResultStatus
+from ._table import COMMANDS, McpTool, OperatorCommand, Option
 
-__all__ = ["CapdConfig", "LoadedConfig", "load_config"]
+__all__ = [
+    "COMMANDS",
+    "BadRequest",
+    "Caller",
+    "CapdConfig",
+    "Daemon",
+    "DaemonUnreachable",
+    "Draining",
+    "Gateway",
+    "InvalidParams",
+    "LoadedConfig",
+    "McpTool",
+    "OperatorCommand",
+    "Option",
+    "SidecarError",
+    "SocketInUse",
+    "ToolResult",
+    "ToolResultStatus",
+    "load_config",
+]
