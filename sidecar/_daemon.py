@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 from aiohttp import web
 
-from recovery import Rechecker, RetryQueue, RetrySweep
+from recovery import QueueStats, Rechecker, RetryQueue, RetrySweep
 from registry import Registry, build
 
 from ._api import make_app
@@ -77,6 +77,7 @@ class Daemon:
                                  on_start=self.notifier.reloading, on_end=self._reloaded)
         self.inherited_socket = False
         self.queue: RetryQueue | None = None
+        self._queue_stats: tuple[float, QueueStats] | None = None
         self.sweep: RetrySweep | None = None
 
     @property
@@ -118,6 +119,17 @@ class Daemon:
     def _swap(self, registry: Registry) -> None:
         self.registry = registry
         self.rechecker.cooldown_s = self.loaded.config.recheck_cooldown_s
+
+    async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats:
+        """The queue's counts, read at most once per ``max_age_s``: health stays cheap under load.
+
+        Raises the queue's error when it cannot be read (health reports ``fail``).
+        """
+        assert self.queue is not None
+        now = time.monotonic()
+        if self._queue_stats is None or now - self._queue_stats[0] > max_age_s:
+            self._queue_stats = (now, await self.queue.stats())
+        return self._queue_stats[1]
 
     def _reloaded(self, outcome: object) -> None:
         # notify-reload protocol: READY=1 ends the reload, whether it worked or not.

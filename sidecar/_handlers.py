@@ -126,7 +126,7 @@ async def _queue_health(d: Daemon) -> tuple[str, list[str], dict[str, list[dict[
     if d.queue is None:
         return "pass", [], {}
     try:
-        stats = await d.queue.stats()
+        stats = await d.queue_stats()
     except RecoveryError as exc:
         return "fail", [f"retry queue unusable: {exc}"], {"queue:usable": [{
             "componentType": "datastore", "status": "fail", "output": str(exc)}]}
