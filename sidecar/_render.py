@@ -35,7 +35,7 @@ def render_call(body: Any) -> str:
     if body["status"] == "success":
         return render_json(body["result"])
     text = f"{body['status']}: {body.get('error_type') or ''}: {body.get('message') or ''}"
-    if body.get("queued"):
+    if body.get("queued") and body["queued"] not in text:
         text += f"\nqueued as job {body['queued']}"
     if body.get("alternatives"):
         text += f"\nalternatives: {', '.join(body['alternatives'])}"
