@@ -7,6 +7,7 @@ capabilities the same way, so they share this one classification.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,7 +38,8 @@ class CallOutcome:
 
 
 async def call_capability(
-    cap: Capability, params: BaseModel, *, unknown_errors_are_transient: bool = False
+    cap: Capability, params: BaseModel, *, unknown_errors_are_transient: bool = False,
+    executor: Executor | None = None,
 ) -> CallOutcome:
     """Invoke ``cap`` under its ``timeout_s`` and classify the result. Never raises but on cancel.
 
@@ -46,7 +48,7 @@ async def call_capability(
     """
     try:
         async with asyncio.timeout(cap.timeout_s):
-            value = await cap.invoke(params)
+            value = await cap.invoke(params, executor=executor)
     except Blocked as exc:
         return CallOutcome("blocked", error_type="blocked", message=exc.message)
     except ToolUnavailable as exc:

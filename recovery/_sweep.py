@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 import structlog
 from pydantic import ValidationError
@@ -46,6 +47,7 @@ class RetrySweep:
         grace_s: float = 5.0,
         idle_max_s: float = 60.0,
         clock: Callable[[], float] = time.time,
+        executor: Executor | None = None,
     ) -> None:
         self._queue = queue
         self._registry = registry
@@ -54,6 +56,7 @@ class RetrySweep:
         self.grace_s = grace_s
         self._idle_max_s = idle_max_s
         self._clock = clock
+        self._executor = executor
         self._kick = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
         self.busy = 0
@@ -143,7 +146,8 @@ class RetrySweep:
         if not await self._queue.extend_lease(job, cap.timeout_s + self.grace_s):
             self._count("lost_lease", job)
             return
-        outcome = await call_capability(cap, params, unknown_errors_are_transient=disabled)
+        outcome = await call_capability(cap, params, unknown_errors_are_transient=disabled,
+                                        executor=self._executor)
         detail = f"{outcome.kind}: {outcome.error_type or ''} {outcome.message or ''}".strip()
         if outcome.kind in ("success", "partial"):
             if await self._queue.complete(job, state="done" if outcome.kind == "success"

@@ -11,6 +11,8 @@ import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -335,11 +337,17 @@ class Capability(BaseModel):
         """Whether ``func`` is a coroutine function."""
         return self._is_async
 
-    async def invoke(self, params: BaseModel) -> Any:
-        """Call the capability with validated ``params`` and its bound options."""
+    async def invoke(self, params: BaseModel, *, executor: Executor | None = None) -> Any:
+        """Call the capability with validated ``params`` and its bound options.
+
+        A plain function runs on ``executor`` (the default executor when None).
+        Cancelling the caller cannot stop such a thread: the owner of the
+        executor decides whether to wait for it.
+        """
         if self._is_async:
             return await self.func(params, **self.options)
-        return await asyncio.to_thread(self.func, params, **self.options)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, partial(self.func, params, **self.options))
 
 
 def is_valid_name(name: str) -> bool:

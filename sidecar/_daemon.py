@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -69,7 +70,11 @@ class Daemon:
         self._background: set[asyncio.Task[Any]] = set()
         self.registry: Registry = Registry((), {}, {})
         self.rechecker = Rechecker(lambda: self.registry, cooldown_s=config.recheck_cooldown_s)
-        self.gateway = Gateway(lambda: self.registry, self.rechecker)
+        # Plain (sync) ops run here, not on asyncio's default executor, whose threads the
+        # loop waits for at close: a hung op must not hold a stopping daemon.
+        self.op_executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="capd-op")
+        self.gateway = Gateway(lambda: self.registry, self.rechecker,
+                               executor=self.op_executor)
         self.metrics = Metrics(self)
         self.gateway.observe = self.metrics.observe_call
         self.notifier = Notifier()
@@ -193,7 +198,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.gateway.failure_sink = QueueSink(queue, verify_grace_s=config.verify_grace_s)
         self.sweep = RetrySweep(queue, lambda: self.registry, self.rechecker,
-                                batch=config.sweep_batch, grace_s=config.lease_grace_s)
+                                batch=config.sweep_batch, grace_s=config.lease_grace_s,
+                                executor=self.op_executor)
 
         # Phase 2: build the registry (probes run concurrently).
         self.registry = await build(self.loaded.build_config())
@@ -241,14 +247,14 @@ class Daemon:
                     live_every_s=config.probe_live_interval_s,
                 ))
                 tg.create_task(self._watch_loop_lag())
-                tg.create_task(self.sweep.run(self._stop))
+                sweep_task = tg.create_task(self.sweep.run(self._stop))
                 if self.notifier.enabled:
                     tg.create_task(self._report_status())
                     watchdog = watchdog_interval_s()
                     if watchdog is not None:
                         tg.create_task(run_watchdog(self.notifier, watchdog, self._stop))
                 await self._stop.wait()
-                await self._drain(runner, config.drain_grace_s)
+                await self._drain(runner, config.drain_grace_s, sweep_task)
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
@@ -259,7 +265,8 @@ class Daemon:
         log.info("stopped")
         return 0
 
-    async def _drain(self, runner: web.AppRunner, grace_s: float) -> None:
+    async def _drain(self, runner: web.AppRunner, grace_s: float,
+                     sweep: asyncio.Task[None]) -> None:
         # 1. Refuse new calls; /health and /readyz now answer 503.
         self.notifier.stopping()
         self.state = "draining"
@@ -273,11 +280,19 @@ class Daemon:
             log.warning("drain_timeout", in_flight=self.gateway.in_flight)
         # 3. Close the listener and connections (responses being written get a moment).
         await runner.cleanup()
-        # 4. Stop background work (reloads, follow-ups).
+        # 4. The sweep finishes the job it is on within the grace period, or is
+        #    cancelled: that job's lease then expires at the next start, as after a crash.
+        _, pending = await asyncio.wait({sweep}, timeout=grace_s)
+        if pending:
+            log.warning("sweep_cancelled_at_shutdown", busy=self.sweep.busy if self.sweep else 0)
+            sweep.cancel()
+        # 5. Stop background work (reloads, follow-ups).
         for task in list(self._background):
             task.cancel()
         if self._background:
             await asyncio.wait(self._background, timeout=2.0)
+        # 6. Op threads still running past the grace period are abandoned, not awaited.
+        self.op_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def run_daemon(coro: Coroutine[Any, Any, int]) -> int:

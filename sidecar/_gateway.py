@@ -14,6 +14,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -117,12 +118,14 @@ class Gateway:
         before_hooks: Sequence[BeforeHook] = (),
         failure_sink: FailureSink | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        executor: Executor | None = None,
     ) -> None:
         self._registry = registry
         self._rechecker = rechecker
         self._hooks = tuple(before_hooks)
         self.failure_sink = failure_sink
         self._clock = clock
+        self._executor = executor
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -231,7 +234,7 @@ class Gateway:
                 await hook(cap, params, caller)
         except Blocked as exc:
             return finish("error_blocked", error_type="blocked", message=exc.message)
-        outcome = await call_capability(cap, params)
+        outcome = await call_capability(cap, params, executor=self._executor)
         if outcome.unavailable_tools:
             for tool in outcome.unavailable_tools:
                 if registry.has_tool(tool):

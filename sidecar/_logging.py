@@ -64,7 +64,7 @@ def _dumps(event: object, **_kw: object) -> bytes:
 
 
 def configure_logging(level: str = "info", log_format: str = "auto",
-                      stream: TextIO | None = None) -> None:
+                      stream: TextIO | None = None) -> CoalescingWriter | None:
     """Log at ``level`` and above: JSON lines, or a human console rendering.
 
     ``log_format`` is ``json``, ``console`` or ``auto`` (console when stdout
@@ -84,7 +84,8 @@ def configure_logging(level: str = "info", log_format: str = "auto",
             logger_factory=structlog.PrintLoggerFactory(out),
             cache_logger_on_first_use=True,
         )
-        return
+        return None
+    writer = CoalescingWriter(out.buffer)
     structlog.configure(
         processors=[
             *shared,
@@ -94,7 +95,7 @@ def configure_logging(level: str = "info", log_format: str = "auto",
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         # A CoalescingWriter is a binary file as far as BytesLogger uses one.
-        logger_factory=structlog.BytesLoggerFactory(
-            CoalescingWriter(out.buffer)),  # type: ignore[arg-type]
+        logger_factory=structlog.BytesLoggerFactory(writer),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
+    return writer

@@ -72,14 +72,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ._daemon import Daemon, run_daemon
     from ._logging import configure_logging
 
-    configure_logging(args.log_level, args.log_format)
+    writer = configure_logging(args.log_level, args.log_format)
     # A reload re-imports plugins; cached bytecode could hide an edit made within
     # the same second that kept the file's size, so the daemon writes none.
     sys.dont_write_bytecode = True
     loaded = load_config(_config_path(args.config))
     socket_path = Path(args.socket) if args.socket else None
     daemon = Daemon(loaded, socket_path=socket_path)
-    return run_daemon(daemon.run())
+    code = run_daemon(daemon.run())
+    # Everything durable is closed by now (queue, socket). Leave without joining op
+    # threads that outlived the grace period: a hung op must not hold the process.
+    if writer is not None:
+        writer.drain()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

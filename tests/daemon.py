@@ -195,6 +195,14 @@ async def flaky(params: Text) -> None:
     raise TransientToolError("the backend is busy")
 
 
+@op("e2e.hang")
+def hang(params: Text) -> str:
+    import time
+
+    time.sleep(60)  # a plain op that never finishes in time
+    return "too late"
+
+
 async def gate_probe() -> bool:
     flag = os.environ.get("E2E_SLOW_FLAG", "")
     if flag and os.path.exists(flag):
@@ -224,6 +232,12 @@ summary = "A write whose backend is always busy, so it gets queued."
 mutates_state = true
 retry_policy = "replay"
 tags = ["e2e"]
+
+[[capability]]
+name = "e2e.hang"
+op = "e2e.hang"
+summary = "A plain op that hangs past its timeout."
+timeout_s = 1
 
 [[capability]]
 name = "e2e.slow"

@@ -61,7 +61,7 @@ def test_health_and_status_and_recheck(start: Start) -> None:
     assert health.returncode == 0
     assert health.stdout.startswith("pass: all capabilities live")
     status = capd(daemon, "status", "--json")
-    assert json.loads(status.stdout)["registry"]["live"] == 4
+    assert json.loads(status.stdout)["registry"]["live"] == 5
     tool = capd(daemon, "recheck-tool", "web", "--force", "--json")
     assert json.loads(tool.stdout)["probed"] is True
     assert capd(daemon, "readyz").stdout.strip() == "pass"

@@ -215,3 +215,13 @@ def test_wrong_method_is_405_as_problem_json(start: Start) -> None:
     assert wrong.status == 405
     assert wrong.content_type.startswith("application/problem+json")
     assert wrong.body["detail"] == "GET /call/e2e.echo: use POST"
+
+
+def test_a_hung_plain_op_does_not_hold_a_stopping_daemon(start: Start) -> None:
+    """A sync op stuck past its timeout: the call times out, and SIGTERM still exits promptly."""
+    daemon = start(drain_grace_s=1)
+    reply = daemon.call("POST", "/call/e2e.hang", {})
+    assert (reply.status, reply.body["error_type"]) == (503, "timeout")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait_exit(timeout=15) == 0
+    assert daemon.wait_event("stopped")["event"] == "stopped"

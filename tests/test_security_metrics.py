@@ -93,7 +93,7 @@ def test_metrics_match_the_calls_made(start: Start) -> None:
     assert samples[("capd_calls_total", (("capability", "e2e.slow"),
                                          ("status", "success")))] == 1
     assert samples[("capd_call_duration_seconds_count", (("capability", "e2e.echo"),))] == 3
-    assert samples[("capd_capabilities", (("state", "live"),))] == 4
+    assert samples[("capd_capabilities", (("state", "live"),))] == 5
     assert samples[("capd_tool_up", (("tool", "web"),))] == 1
     assert samples[("capd_queue_jobs", (("state", "pending"),))] == 0
     cli = subprocess.run([sys.executable, "-m", "sidecar", "metrics", "--socket",

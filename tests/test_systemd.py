@@ -99,7 +99,7 @@ def test_daemon_notifies_ready_reloading_watchdog_and_stopping(
         daemon = start(env={"NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": "200000"})
         ready = listener.wait_for("READY=1")
         assert ready.split("\n")[0] == "READY=1"
-        assert ready.split("\n")[1].startswith("STATUS=4 live, 0 disabled")
+        assert ready.split("\n")[1].startswith("STATUS=5 live, 0 disabled")
         assert daemon.socket.exists()  # READY came after the socket was bound
         listener.wait_for("WATCHDOG=1")
         before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
