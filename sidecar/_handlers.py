@@ -231,7 +231,17 @@ async def show(ctx: Context) -> Reply:
     """The full manifest of one capability."""
     registry = ctx.daemon.registry
     cap = registry.get(ctx.path["name"])
-    return Reply(200, manifest(cap, registry.snapshot()))
+    body = manifest(cap, registry.snapshot())
+    stats = ctx.daemon.gateway.stats
+    calls = dict(stats.by_status.get(cap.name, {}))
+    total = sum(calls.values())
+    body["telemetry"] = {
+        "calls": calls,
+        "success_rate": ((calls.get("success", 0) + calls.get("partial", 0)) / total
+                         if total else None),
+        "mean_duration_s": stats.total_duration_s.get(cap.name, 0.0) / total if total else None,
+    }
+    return Reply(200, body)
 
 
 async def call(ctx: Context) -> Reply:

@@ -16,6 +16,7 @@ def capsule(cap: Capability, *, live: bool) -> dict[str, Any]:
     """The small discovery view of a capability."""
     return {
         "name": cap.name,
+        "aliases": list(cap.aliases),
         "summary": cap.summary,
         "tags": list(cap.tags),
         "latency_class": cap.latency_class,
@@ -49,7 +50,6 @@ def manifest(cap: Capability, snapshot: RegistrySnapshot) -> dict[str, Any]:
         "partial_replay": cap.partial_replay,
         "effects": [e.model_dump(mode="json") for e in cap.effects],
         "consent_operations": list(cap.consent_operations),
-        "aliases": list(cap.aliases),
         "timeout_s": cap.timeout_s,
         "op_id": cap.op_id,
         "source": cap.source,

@@ -57,10 +57,15 @@ async def test_meta_tools_search_get_invoke(start: Start, web: FlipServer) -> No
         assert found["results"][0]["name"] == "e2e.echo"
         manifest = data(await session.call_tool("get_capability", {"id": "e2e.echo"}))
         assert manifest["parameters"]["properties"]["text"]["type"] == "string"
+        assert manifest["telemetry"] == {"calls": {}, "success_rate": None,
+                                         "mean_duration_s": None}
         ok = await session.call_tool("invoke_capability",
                                      {"id": "e2e.echo", "arguments": {"text": "hi"}})
         assert (ok.is_error, data(ok)["status"], data(ok)["result"]["text"]) == (
             False, "success", "hi")
+        observed = data(await session.call_tool("get_capability", {"id": "e2e.echo"}))
+        assert observed["telemetry"]["calls"] == {"success": 1}
+        assert observed["telemetry"]["success_rate"] == 1.0
         bad = await session.call_tool("invoke_capability",
                                       {"id": "e2e.slow", "arguments": {"seconds": "soon"}})
         assert bad.is_error
