@@ -264,3 +264,16 @@ async def test_migration_upgrades_an_empty_file_in_place(tmp_path: Path) -> None
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert raw.execute("SELECT x FROM keep_me").fetchone() == (42,)
         assert raw.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+async def test_partial_completion_and_its_operator_retry(queue: RetryQueue) -> None:
+    """leased → partial (the op did part of the work); an operator can make it due again."""
+    job = await queue.enqueue(request())
+    (claimed,) = await queue.claim_due(1)
+    assert await queue.complete(claimed, state="partial", detail="1 of 2 rows written")
+    partial = await queue.get(job.id)
+    assert (partial.state, partial.lease_until) == ("partial", None)
+    trail = await queue.attempts(job.id)
+    assert (trail[-1].kind, trail[-1].outcome, trail[-1].detail) == (
+        "complete", "partial", "1 of 2 rows written")
+    assert (await queue.operator_retry(job.id)).state == "pending"
