@@ -1,6 +1,6 @@
 """capd's recovery layer: re-probes with cooldown, the durable retry queue, effect verification."""
 
-from ._calls import CallKind, CallOutcome, call_capability
+from ._calls import CallKind, CallOutcome, apply_passive_health, call_capability
 from ._effects import (
     EffectCheck,
     EffectStatus,
@@ -68,6 +68,7 @@ __all__ = [
     "UnknownTool",
     "Verdict",
     "Verification",
+    "apply_passive_health",
     "call_capability",
     "check_effect",
     "combine",

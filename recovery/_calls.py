@@ -11,6 +11,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import structlog
 from pydantic import BaseModel
 
 from registry import (
@@ -18,9 +19,12 @@ from registry import (
     Capability,
     Partial,
     PermanentToolError,
+    Registry,
     ToolUnavailable,
     TransientToolError,
 )
+
+log = structlog.get_logger("capd.calls")
 
 CallKind = Literal["success", "partial", "transient", "permanent", "blocked"]
 
@@ -70,3 +74,18 @@ async def call_capability(
     if isinstance(value, Partial):
         return CallOutcome("partial", value=value.value, message=value.message)
     return CallOutcome("success", value=value)
+
+
+def apply_passive_health(registry: Registry, cap: Capability, outcome: CallOutcome) -> None:
+    """Mark the tools an op reported down as failed, disabling what needs them.
+
+    The gateway and the retry sweep both call this after a call, so a tool found
+    down by either is seen by both. Tools the registry does not declare are skipped.
+    """
+    if not outcome.unavailable_tools:
+        return
+    for tool in outcome.unavailable_tools:
+        if registry.has_tool(tool):
+            registry.mark_tool_down(tool, f"reported by {cap.name}: {outcome.message}")
+    log.warning("passive_disable", capability=cap.name, tools=list(outcome.unavailable_tools),
+                error=outcome.message)

@@ -160,13 +160,14 @@ class Rechecker:
 
     async def recheck_all_disabled(self) -> list[ToolRecheck]:
         """Re-probe every tool some disabled capability misses (cooldown applies)."""
-        tools = sorted(self._registry().disabled_tools())
-        return list(await asyncio.gather(*(self.recheck_tool(t) for t in tools)))
+        return await self._recheck_each(self._registry().disabled_tools())
 
     async def recheck_all_tools(self) -> list[ToolRecheck]:
         """Re-probe every declared tool, live ones included (cooldown applies)."""
-        tools = sorted(self._registry().tool_ids())
-        return list(await asyncio.gather(*(self.recheck_tool(t) for t in tools)))
+        return await self._recheck_each(self._registry().tool_ids())
+
+    async def _recheck_each(self, tools: frozenset[str]) -> list[ToolRecheck]:
+        return list(await asyncio.gather(*(self.recheck_tool(t) for t in sorted(tools))))
 
     async def run(
         self, interval_s: float, stop: asyncio.Event, *, live_every_s: float | None = None

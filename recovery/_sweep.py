@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from registry import Registry, UnknownCapability
 
-from ._calls import call_capability
+from ._calls import apply_passive_health, call_capability
 from ._effects import verify_post_write_effects
 from ._queue import Job, RetryQueue
 from ._recheck import Rechecker
@@ -154,9 +154,7 @@ class RetrySweep:
                                           else "partial", detail=detail):
                 self._count("replayed", job)
             return
-        for tool in outcome.unavailable_tools:
-            if registry.has_tool(tool):
-                registry.mark_tool_down(tool, f"reported by {cap.name}: {outcome.message}")
+        apply_passive_health(registry, cap, outcome)
         if outcome.kind == "blocked":
             await self._queue.park(job, reason=detail, error_class="blocked")
             self._count("parked", job)

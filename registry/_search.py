@@ -164,8 +164,6 @@ class SearchIndex:
             cap = self._caps[name]
             if passes(cap):
                 hits.append(Hit(cap, score))
-        if not wanted_tags and not query.strip():
-            return hits[:k]
         if not hits and wanted_tags and not tokenize(query):
             # A pure tag filter: list what carries the tags.
             hits = [Hit(c, 0.0) for c in sorted(self._caps.values(), key=lambda c: c.name)

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from recovery import Rechecker, call_capability
+from recovery import Rechecker, apply_passive_health, call_capability
 from registry import Blocked, Capability, Registry
 
 from ._errors import Draining, InvalidParams
@@ -177,8 +177,7 @@ class Gateway:
             if self.in_flight == 0:
                 self._idle.set()
         if (
-            not result.ok
-            and result.status == "error_transient"
+            result.status == "error_transient"
             and cap.mutates_state
             and self.failure_sink is not None
         ):
@@ -235,12 +234,7 @@ class Gateway:
         except Blocked as exc:
             return finish("error_blocked", error_type="blocked", message=exc.message)
         outcome = await call_capability(cap, params, executor=self._executor)
-        if outcome.unavailable_tools:
-            for tool in outcome.unavailable_tools:
-                if registry.has_tool(tool):
-                    registry.mark_tool_down(tool, f"reported by {cap.name}: {outcome.message}")
-            log.warning("passive_disable", capability=cap.name,
-                        tools=list(outcome.unavailable_tools), error=outcome.message)
+        apply_passive_health(registry, cap, outcome)
         if outcome.kind == "success":
             return finish("success", result=outcome.value)
         if outcome.kind == "partial":

@@ -40,7 +40,8 @@ RECOVERY = {
     "InvalidTransition", "Job", "JobState", "QueueClosed", "QueueCorrupt", "QueueError",
     "QueueStats", "QueueStorageError", "RecheckStats", "Rechecker", "RecoveryError",
     "RetryQueue", "RetrySweep", "ToolRecheck", "UnknownJob", "UnknownTool", "Verdict",
-    "Verification", "call_capability", "check_effect", "combine", "default_state_dir",
+    "Verification", "apply_passive_health", "call_capability", "check_effect", "combine",
+    "default_state_dir",
     "verify_post_write_effects",
 }
 
