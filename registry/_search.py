@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ._model import Capability
+from ._thesaurus import EXPANSION_WEIGHT, build_expansions
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset({
@@ -77,6 +78,18 @@ def _document(cap: Capability) -> list[str]:
     for field, text in fields.items():
         terms.extend(tokenize(text) * FIELD_WEIGHTS[field])
     return terms
+
+
+_EXPANSIONS = build_expansions(tokenize)
+
+
+def expand(terms: Iterable[str]) -> dict[str, float]:
+    """Query terms at weight 1, and their thesaurus relatives at ``EXPANSION_WEIGHT``."""
+    weights = dict.fromkeys(terms, 1.0)
+    for term in list(weights):
+        for related in _EXPANSIONS.get(term, ()):
+            weights.setdefault(related, EXPANSION_WEIGHT)
+    return weights
 
 
 @dataclass(frozen=True)
@@ -146,13 +159,13 @@ class SearchIndex:
             hits.append(Hit(self._caps[exact_name], math.inf, exact=True))
         scores: dict[str, float] = {}
         k1, b, avg = self._k1, self._b, self._avg_length
-        for term in set(tokenize(query)):
+        for term, weight in expand(tokenize(query)).items():
             idf = self._idf.get(term)
             if idf is None:
                 continue
             for name, tf in self._postings[term]:
                 norm = tf * (k1 + 1) / (tf + k1 * (1 - b + b * self._lengths[name] / avg))
-                scores[name] = scores.get(name, 0.0) + idf * norm
+                scores[name] = scores.get(name, 0.0) + weight * idf * norm
         factors = boost or {}
         ranked = sorted(((s * factors.get(n, 1.0), n) for n, s in scores.items()),
                         key=lambda pair: (-pair[0], pair[1]))

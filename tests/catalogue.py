@@ -38,9 +38,12 @@ def load_catalogue(copies: int = 1) -> list[Capability]:
     return caps
 
 
-def load_queries() -> list[tuple[str, str]]:
-    """(query, expected capability) pairs."""
-    return [(q, e) for q, e in _rows("queries.tsv")]
+QUERY_SETS = ("queries.tsv", "queries_holdout.tsv")
+
+
+def load_queries(name: str = "queries.tsv") -> list[tuple[str, str]]:
+    """(query, expected capability) pairs of one labelled set."""
+    return [(q, e) for q, e in _rows(name)]
 
 
 Ranker = Callable[[str, int], Sequence[str]]

@@ -6,8 +6,17 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from registry import Capability, SearchIndex, estimate_tokens, success_boost, tokenize
+from registry._search import expand
+from registry._thesaurus import EXPANSION_WEIGHT
 
-from .catalogue import bm25_ranker, evaluate, load_catalogue, load_queries, substring_ranker
+from .catalogue import (
+    QUERY_SETS,
+    bm25_ranker,
+    evaluate,
+    load_catalogue,
+    load_queries,
+    substring_ranker,
+)
 
 
 class P(BaseModel):
@@ -19,29 +28,44 @@ def cap(name: str, summary: str, **extra: object) -> Capability:
                       **extra)  # type: ignore[arg-type]
 
 
-def test_fixture_sizes() -> None:
+@pytest.mark.parametrize("query_set", QUERY_SETS)
+def test_fixture_sizes(query_set: str) -> None:
     """At least 150 capabilities and 60 labelled queries, every label a real capability."""
     caps = load_catalogue()
     names = {c.name for c in caps}
-    queries = load_queries()
+    queries = load_queries(query_set)
     assert len(caps) >= 150
     assert len(queries) >= 60
     assert {expected for _, expected in queries} <= names
 
 
-def test_bm25_beats_the_substring_baseline() -> None:
-    """recall@5 and MRR on the labelled queries, beside a naive substring scorer.
+@pytest.mark.parametrize("query_set", QUERY_SETS)
+def test_recall_at_5_meets_the_target_and_beats_the_substring_baseline(query_set: str) -> None:
+    """recall@5 >= 0.9 on each labelled set, and both figures above a naive substring scorer.
 
-    The figures are printed by bench/search.py; the issue's target is recall@5 >= 0.9,
-    measured here at 0.897 (see the README): this test pins that it does not fall.
+    bench/search.py prints the figures (see the README's Performance section).
     """
     caps = load_catalogue()
-    queries = load_queries()
+    queries = load_queries(query_set)
     recall, mrr = evaluate(bm25_ranker(caps), queries)
     base_recall, base_mrr = evaluate(substring_ranker(caps), queries)
-    assert recall >= 0.89
+    assert recall >= 0.9
     assert recall > base_recall
     assert mrr > base_mrr
+
+
+def test_thesaurus_relatives_rank_below_the_words_a_capability_uses() -> None:
+    """A query word found only as a relative still finds the capability; a real match wins."""
+    index = SearchIndex([cap("image.resize", "Resize or crop an image."),
+                         cap("photos.album", "List the photos in an album."),
+                         cap("files.read", "Read a text file.")])
+    assert [h.capability.name for h in index.search("make the picture smaller")] == [
+        "image.resize", "photos.album"]
+    assert [h.capability.name for h in index.search("photo")] == [
+        "photos.album", "image.resize"]
+    weights = expand(tokenize("picture"))
+    assert weights[tokenize("picture")[0]] == 1.0
+    assert weights[tokenize("image")[0]] == EXPANSION_WEIGHT
 
 
 def test_exact_id_or_alias_comes_first() -> None:
