@@ -62,8 +62,12 @@ def _stem(word: str) -> str:
 
 
 def tokenize(text: str) -> list[str]:
-    """Lowercase words, stop words dropped, a light suffix stemmer applied."""
-    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOP]
+    """Lowercase words of two or more characters, stop words dropped, lightly stemmed.
+
+    One-character words carry nothing to rank by: the "s" of "what's" would
+    otherwise match every capsule with a possessive in it.
+    """
+    return [_stem(w) for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in _STOP]
 
 
 def _document(cap: Capability) -> list[str]:

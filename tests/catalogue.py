@@ -39,6 +39,7 @@ def load_catalogue(copies: int = 1) -> list[Capability]:
 
 
 QUERY_SETS = ("queries.tsv", "queries_holdout.tsv")
+BLIND_SET = "queries_blind.tsv"
 
 
 def load_queries(name: str = "queries.tsv") -> list[tuple[str, str]]:

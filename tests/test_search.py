@@ -10,6 +10,7 @@ from registry._search import expand
 from registry._thesaurus import EXPANSION_WEIGHT
 
 from .catalogue import (
+    BLIND_SET,
     QUERY_SETS,
     bm25_ranker,
     evaluate,
@@ -52,6 +53,26 @@ def test_recall_at_5_meets_the_target_and_beats_the_substring_baseline(query_set
     assert recall >= 0.9
     assert recall > base_recall
     assert mrr > base_mrr
+
+
+def test_blind_set_stays_above_the_baseline() -> None:
+    """The blind set, written after the thesaurus was frozen, is the generalisation estimate.
+
+    It measured 0.74 (0.64 without the thesaurus, substring baseline 0.60); the
+    floor pins that it does not fall, it is not the target.
+    """
+    caps = load_catalogue()
+    queries = load_queries(BLIND_SET)
+    assert len(queries) >= 50
+    recall, _ = evaluate(bm25_ranker(caps), queries)
+    base_recall, _ = evaluate(substring_ranker(caps), queries)
+    assert recall >= 0.74
+    assert recall > base_recall
+
+
+def test_one_letter_words_do_not_rank() -> None:
+    """The "s" of "what's" matches nothing."""
+    assert tokenize("what's 15% of 240") == ["15", "240"]
 
 
 def test_thesaurus_relatives_rank_below_the_words_a_capability_uses() -> None:
