@@ -1,8 +1,12 @@
 """The HTTP/1.1 + JSON API on the Unix socket, generated from the operator table.
 
-Errors are ``application/problem+json`` bodies: malformed JSON 400, a browser
-(``Origin``/``Referer``) 403, unknown capability or route 404, a body over the
-limit 413, invalid parameters 422 (with pydantic's error list), draining 503.
+Errors are ``application/problem+json`` bodies: malformed JSON or HTTP 400, a
+browser (``Origin``/``Referer``) 403, unknown capability or route 404, wrong
+method 405, a body over the limit 413, invalid parameters 422 (with pydantic's
+error list), draining 503.
+
+The HTTP layer is ``_http.py`` (httptools on an asyncio Protocol); this module
+routes a parsed request to its table row and renders the row's reply.
 """
 
 from __future__ import annotations
@@ -11,13 +15,12 @@ import itertools
 import os
 import socket
 import struct
-import weakref
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import orjson
 import structlog
-from aiohttp import web
 from structlog.contextvars import bind_contextvars
 
 from recovery import (
@@ -32,6 +35,7 @@ from registry import CapdError, UnknownCapability
 from ._errors import BadRequest, Draining, InvalidParams
 from ._gateway import Caller
 from ._handlers import Context, Reply
+from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._peers import PeerPolicy, RateLimiter
 from ._table import COMMANDS, OperatorCommand
 
@@ -42,16 +46,13 @@ log = structlog.get_logger("capd.api")
 
 PROBLEM_JSON = "application/problem+json"
 _CRED = struct.Struct("3i")
-MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
-
-Endpoint = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def problem(status: int, title: str, detail: str, **extra: Any) -> web.Response:
+def problem(status: int, title: str, detail: str, **extra: Any) -> HttpResponse:
     """A problem+json response."""
     body = {"type": f"urn:capd:problem:{title.lower().replace(' ', '-')}", "title": title,
             "status": status, "detail": detail, **extra}
-    return web.Response(status=status, body=dumps(body), content_type=PROBLEM_JSON)
+    return HttpResponse(status, dumps(body), PROBLEM_JSON)
 
 
 def _fallback(value: Any) -> Any:
@@ -79,49 +80,23 @@ class RequestIds:
         return f"{self._prefix}-{next(self._counter):x}"
 
 
-class PeerCredentials:
-    """SO_PEERCRED of each connection, read once and kept while the transport lives."""
-
-    def __init__(self) -> None:
-        self._cache: weakref.WeakKeyDictionary[Any, Caller] = weakref.WeakKeyDictionary()
-
-    def of(self, request: web.Request) -> Caller:
-        """The credentials of ``request``'s peer (empty when not a Unix socket)."""
-        transport = request.transport
-        if transport is None:
-            return Caller()
-        cached = self._cache.get(transport)
-        if cached is not None:
-            return cached
-        sock = transport.get_extra_info("socket")
-        caller = Caller()
-        if sock is not None and sock.family == socket.AF_UNIX:
-            pid, uid, gid = _CRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
-            )
-            caller = Caller(pid=pid, uid=uid, gid=gid)
-        self._cache[transport] = caller
-        return caller
+def peer_credentials(sock: Any) -> Caller:
+    """SO_PEERCRED of a connection's socket (empty when it is not a Unix socket)."""
+    if sock is None or sock.family != socket.AF_UNIX:
+        return Caller()
+    pid, uid, gid = _CRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return Caller(pid=pid, uid=uid, gid=gid)
 
 
-def _to_response(reply: Reply, request_id: str) -> web.Response:
+def _to_response(reply: Reply, request_id: str) -> HttpResponse:
     headers = {"X-Request-Id": request_id, **reply.headers}
-    if isinstance(reply.body, bytes):  # already rendered (Prometheus text)
-        return web.Response(status=reply.status, body=reply.body, headers={
-            **headers, "Content-Type": reply.content_type})
-    return web.Response(status=reply.status, body=dumps(reply.body),
-                        content_type=reply.content_type, headers=headers)
+    body = reply.body if isinstance(reply.body, bytes) else dumps(reply.body)
+    return HttpResponse(reply.status, body, reply.content_type, headers)
 
 
-def _refusal(request: web.Request) -> web.Response | None:
-    if "Origin" in request.headers or "Referer" in request.headers:
-        return problem(403, "Forbidden", "requests carrying Origin or Referer are refused: "
-                       "a browser must never drive the capd socket")
-    return None
-
-
-def _problem_for(exc: Exception, request: web.Request) -> web.Response:
-    """Translate an error raised while handling ``request`` into a problem response."""
+def _problem_for(exc: Exception, path: str) -> HttpResponse:
+    """Translate an error raised while handling a request into a problem response."""
     match exc:
         case BadRequest():
             return problem(400, "Bad Request", str(exc))
@@ -141,94 +116,144 @@ def _problem_for(exc: Exception, request: web.Request) -> web.Response:
             return problem(409, "Invalid Transition", str(exc))
         case QueueClosed():
             return problem(503, "Queue Closed", str(exc))
-        case web.HTTPRequestEntityTooLarge():
-            return problem(413, "Payload Too Large",
-                           f"request body is larger than {request.app[MAX_BODY_BYTES]} bytes; "
-                           "send less, or raise max_body_bytes in capd.toml")
         case CapdError():
-            log.error("request_failed", path=request.path, error=str(exc))
+            log.error("request_failed", path=path, error=str(exc))
             return problem(500, "Internal Error", str(exc))
-    log.error("request_crashed", path=request.path, error=repr(exc))
+    log.error("request_crashed", path=path, error=repr(exc))
     return problem(500, "Internal Error", f"{type(exc).__name__}: {exc}")
 
 
-def _endpoint(
-    daemon: Daemon, row: OperatorCommand, creds: PeerCredentials, ids: RequestIds,
-    peers: PeerPolicy, limiter: RateLimiter,
-) -> Endpoint:
-    limited = row.id == "call"
+@dataclass(frozen=True)
+class Route:
+    """A table row's path as segments; ``{name}`` segments are parameters."""
 
-    # No aiohttp middleware: the guard lives here, one coroutine per request.
-    async def handle(request: web.Request) -> web.StreamResponse:
-        refused = _refusal(request)
-        if refused is not None:
-            return refused
-        caller = creds.of(request)
-        if not peers.allows(caller):
+    row: OperatorCommand
+    segments: tuple[str, ...]
+
+    def match(self, parts: list[str]) -> dict[str, str] | None:
+        """The path parameters when ``parts`` fits this route."""
+        if len(parts) != len(self.segments):
+            return None
+        params = {}
+        for segment, part in zip(self.segments, parts, strict=True):
+            if segment.startswith("{"):
+                if not part:
+                    return None
+                params[segment[1:-1]] = part
+            elif segment != part:
+                return None
+        return params
+
+
+class Router:
+    """Method and path to a table row. A fixed path wins over a parameter (/queue/stats)."""
+
+    def __init__(self, rows: tuple[OperatorCommand, ...]) -> None:
+        self._static: dict[str, dict[str, OperatorCommand]] = {}
+        self._dynamic: list[Route] = []
+        for row in rows:
+            if "{" in row.path:
+                self._dynamic.append(Route(row, tuple(row.path.split("/"))))
+            else:
+                self._static.setdefault(row.path, {})[row.method] = row
+
+    def routes(self) -> set[tuple[str, str]]:
+        """Every (method, path template) served."""
+        return ({(m, p) for p, rows in self._static.items() for m in rows}
+                | {(r.row.method, r.row.path) for r in self._dynamic})
+
+    def match(self, method: str, path: str
+              ) -> tuple[OperatorCommand | None, dict[str, str], list[str]]:
+        """(row, path parameters, methods the path allows); no row when nothing fits."""
+        method = "GET" if method == "HEAD" else method
+        rows = self._static.get(path)
+        if rows is not None:
+            row = rows.get(method)
+            return row, {}, sorted(rows)
+        parts = path.split("/")
+        allowed = []
+        for route in self._dynamic:
+            params = route.match(parts)
+            if params is None:
+                continue
+            if route.row.method == method:
+                return route.row, params, [method]
+            allowed.append(route.row.method)
+        return None, {}, sorted(allowed)
+
+
+class Api:
+    """The socket API: one handler for every request, routed by the operator table."""
+
+    def __init__(self, daemon: Daemon, *, max_body_bytes: int,
+                 peers: PeerPolicy | None = None, limiter: RateLimiter | None = None) -> None:
+        self._daemon = daemon
+        self.max_body_bytes = max_body_bytes
+        self._peers = peers or PeerPolicy()
+        self._limiter = limiter or RateLimiter(0, 1)
+        self._ids = RequestIds()
+        self.router = Router(COMMANDS)
+
+    def hooks(self) -> ServerHooks:
+        """What the HTTP server calls."""
+        return ServerHooks(handler=self.handle, peer_of=peer_credentials,
+                           too_large=self.too_large, malformed=self.malformed,
+                           max_body_bytes=self.max_body_bytes)
+
+    def too_large(self) -> HttpResponse:
+        """413: the body is over the limit."""
+        return problem(413, "Payload Too Large",
+                       f"request body is larger than {self.max_body_bytes} bytes; "
+                       "send less, or raise max_body_bytes in capd.toml")
+
+    @staticmethod
+    def malformed(detail: str) -> HttpResponse:
+        """400: the request is not HTTP/1.1 capd can read."""
+        return problem(400, "Bad Request", detail)
+
+    async def handle(self, request: HttpRequest) -> HttpResponse:
+        """Answer one request."""
+        headers = request.headers
+        if "origin" in headers or "referer" in headers:
+            return problem(403, "Forbidden", "requests carrying Origin or Referer are refused: "
+                           "a browser must never drive the capd socket")
+        row, path_params, allowed = self.router.match(request.method, request.path)
+        if row is None:
+            if allowed:
+                return problem(405, "Method Not Allowed",
+                               f"{request.method} {request.path}: use {', '.join(allowed)}")
+            return problem(404, "Not Found",
+                           f"{request.method} {request.path}: no such route; see GET /status")
+        caller: Caller = request.peer or Caller()
+        if not self._peers.allows(caller):
             log.warning("peer_denied", uid=caller.uid, gid=caller.gid, pid=caller.pid,
                         path=request.path)
             return problem(403, "Forbidden", "this uid may not use the capd socket; ask the "
                            "operator to add it to allow_uids or allow_gids")
-        if limited:
-            wait_s = limiter.take(caller)
+        if row.id == "call":
+            wait_s = self._limiter.take(caller)
             if wait_s is not None:
                 response = problem(429, "Too Many Requests",
                                    f"uid {caller.uid} is over its call rate; retry later")
                 response.headers["Retry-After"] = str(max(1, round(wait_s)))
                 return response
-        request_id = request.headers.get("X-Request-Id") or ids.next()
+        request_id = headers.get("x-request-id") or self._ids.next()
         bind_contextvars(request_id=request_id)
         try:
             body: Any = None
-            if row.method == "POST" and request.can_read_body:
-                raw = await request.read()
-                if raw.strip():
-                    try:
-                        body = orjson.loads(raw)
-                    except orjson.JSONDecodeError as exc:
-                        raise BadRequest(f"malformed JSON body: {exc}") from None
-            ctx = Context(daemon=daemon, path=dict(request.match_info),
-                          query=dict(request.query) if request.query_string else {},
-                          body=body, caller=caller, request_id=request_id,
-                          idempotency_key=request.headers.get("Idempotency-Key"))
+            if row.method == "POST" and request.body.strip():
+                try:
+                    body = orjson.loads(request.body)
+                except orjson.JSONDecodeError as exc:
+                    raise BadRequest(f"malformed JSON body: {exc}") from None
+            query = (dict(parse_qsl(request.query_string, keep_blank_values=True))
+                     if request.query_string else {})
+            ctx = Context(daemon=self._daemon, path=path_params, query=query, body=body,
+                          caller=caller, request_id=request_id,
+                          idempotency_key=headers.get("idempotency-key"))
             reply = await row.handler(ctx)
         except Exception as exc:  # every failure becomes a problem+json answer
-            response = _problem_for(exc, request)
+            response = _problem_for(exc, request.path)
             response.headers["X-Request-Id"] = request_id
             return response
         return _to_response(reply, request_id)
-
-    return handle
-
-
-async def _not_found(request: web.Request) -> web.StreamResponse:
-    return _refusal(request) or problem(
-        404, "Not Found", f"{request.method} {request.path}: no such route; see GET /status"
-    )
-
-
-def _method_not_allowed(allowed: str) -> Endpoint:
-    async def handle(request: web.Request) -> web.StreamResponse:
-        return _refusal(request) or problem(
-            405, "Method Not Allowed", f"{request.method} {request.path}: use {allowed}",
-        )
-
-    return handle
-
-
-def make_app(daemon: Daemon, *, max_body_bytes: int, peers: PeerPolicy | None = None,
-             limiter: RateLimiter | None = None) -> web.Application:
-    """The aiohttp application: one route per operator table row."""
-    app = web.Application(client_max_size=max_body_bytes)
-    creds = PeerCredentials()
-    ids = RequestIds()
-    peers = peers or PeerPolicy()
-    limiter = limiter or RateLimiter(0, 1)
-    app[MAX_BODY_BYTES] = max_body_bytes
-    for row in COMMANDS:
-        resource = app.router.add_resource(row.path, name=row.id)
-        resource.add_route(row.method, _endpoint(daemon, row, creds, ids, peers, limiter))
-        # Same path, other method: 405 as problem+json (aiohttp would answer text).
-        resource.add_route("*", _method_not_allowed(row.method))
-    app.router.add_route("*", "/{tail:.*}", _not_found)
-    return app

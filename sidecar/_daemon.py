@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import structlog
-from aiohttp import web
 
 from recovery import QueueStats, Rechecker, RetryQueue, RetrySweep
 from registry import Registry, build
 
-from ._api import make_app
+from ._api import Api
 from ._config import LoadedConfig, load_config
 from ._gateway import Gateway
+from ._http import HttpServer
 from ._metrics import Metrics
 from ._peers import PeerPolicy, RateLimiter
 from ._queueing import QueueSink
@@ -221,14 +221,13 @@ class Daemon:
             inode = socket_inode(self.socket_path)
 
         # Phase 4: serve.
-        app = make_app(
+        api = Api(
             self, max_body_bytes=config.max_body_bytes,
             peers=PeerPolicy(config.allow_uids, config.allow_gids),
             limiter=RateLimiter(config.call_rate_per_s, config.call_burst),
         )
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
+        server = HttpServer(api.hooks())
+        await server.start(sock)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: self.spawn(self.reloader.reload()))
@@ -254,7 +253,7 @@ class Daemon:
                     if watchdog is not None:
                         tg.create_task(run_watchdog(self.notifier, watchdog, self._stop))
                 await self._stop.wait()
-                await self._drain(runner, config.drain_grace_s, sweep_task)
+                await self._drain(server, config.drain_grace_s, sweep_task)
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
@@ -265,7 +264,7 @@ class Daemon:
         log.info("stopped")
         return 0
 
-    async def _drain(self, runner: web.AppRunner, grace_s: float,
+    async def _drain(self, server: HttpServer, grace_s: float,
                      sweep: asyncio.Task[None]) -> None:
         # 1. Refuse new calls; /health and /readyz now answer 503.
         self.notifier.stopping()
@@ -279,7 +278,7 @@ class Daemon:
         except TimeoutError:
             log.warning("drain_timeout", in_flight=self.gateway.in_flight)
         # 3. Close the listener and connections (responses being written get a moment).
-        await runner.cleanup()
+        await server.close(grace_s=2.0)
         # 4. The sweep finishes the job it is on within the grace period, or is
         #    cancelled: that job's lease then expires at the next start, as after a crash.
         _, pending = await asyncio.wait({sweep}, timeout=grace_s)
