@@ -6,7 +6,6 @@ capabilities the same way, so they share this one classification.
 
 from __future__ import annotations
 
-import asyncio
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,6 +22,8 @@ from registry import (
     ToolUnavailable,
     TransientToolError,
 )
+
+from ._deadline import deadline
 
 log = structlog.get_logger("capd.calls")
 
@@ -51,7 +52,7 @@ async def call_capability(
     tools are known to be down: an untyped failure then means "still down".
     """
     try:
-        async with asyncio.timeout(cap.timeout_s):
+        async with deadline(cap.timeout_s):
             value = await cap.invoke(params, executor=executor)
     except Blocked as exc:
         return CallOutcome("blocked", error_type="blocked", message=exc.message)

@@ -18,15 +18,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from recovery import Rechecker, apply_passive_health, call_capability
 from registry import Blocked, Capability, Registry
 
 from ._errors import Draining, InvalidParams
-
-log = structlog.get_logger("capd.gateway")
+from ._logging import log_call
 
 ToolResultStatus = Literal[
     "success", "partial", "error_transient", "error_permanent", "error_blocked"
@@ -185,11 +183,11 @@ class Gateway:
                                                     idempotency_key=idempotency_key)
         self.stats.record(result)
         self.observe(name, result.duration_s)
-        log.info(
-            "call", capability=name, status=result.status, error_type=result.error_type,
-            duration_s=round(result.duration_s, 6), caller_pid=caller.pid, caller_uid=caller.uid,
-            request_id=request_id, queued=result.queued,
-        )
+        log_call({
+            "capability": name, "status": result.status, "error_type": result.error_type,
+            "duration_s": round(result.duration_s, 6), "caller_pid": caller.pid,
+            "caller_uid": caller.uid, "request_id": request_id, "queued": result.queued,
+        })
         return result
 
     async def _call(

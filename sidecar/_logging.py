@@ -11,7 +11,8 @@ import asyncio
 import atexit
 import logging
 import sys
-from typing import BinaryIO, TextIO
+import time
+from typing import Any, BinaryIO, TextIO
 
 import orjson
 import structlog
@@ -63,6 +64,35 @@ def _dumps(event: object, **_kw: object) -> bytes:
     return orjson.dumps(event, default=repr)
 
 
+class _CallEvents:
+    """Where the per-call event goes: straight to the JSON writer, or through structlog.
+
+    One call is one log line, so the line is on the dispatch hot path. In JSON
+    mode it is rendered here with the same keys structlog's chain would give it
+    (the fields, ``event``, ``level``, ``timestamp``), skipping the processor
+    chain; in console mode, or before logging is configured, structlog renders it.
+    """
+
+    writer: CoalescingWriter | None = None
+    enabled = True
+    fallback = structlog.get_logger("capd.gateway")
+
+
+def log_call(fields: dict[str, Any]) -> None:
+    """Log one ``call`` event at info level with ``fields`` (the dict is consumed)."""
+    if not _CallEvents.enabled:
+        return
+    writer = _CallEvents.writer
+    if writer is None:
+        _CallEvents.fallback.info("call", **fields)
+        return
+    fields["event"] = "call"
+    fields["level"] = "info"
+    fields["timestamp"] = time.time()
+    writer.write(orjson.dumps(fields, default=repr) + b"\n")
+    writer.flush()
+
+
 def configure_logging(level: str = "info", log_format: str = "auto",
                       stream: TextIO | None = None) -> CoalescingWriter | None:
     """Log at ``level`` and above: JSON lines, or a human console rendering.
@@ -72,6 +102,8 @@ def configure_logging(level: str = "info", log_format: str = "auto",
     """
     out = stream or sys.stdout
     console = log_format == "console" or (log_format == "auto" and out.isatty())
+    _CallEvents.enabled = _LEVELS[level] <= logging.INFO
+    _CallEvents.writer = None
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -86,6 +118,7 @@ def configure_logging(level: str = "info", log_format: str = "auto",
         )
         return None
     writer = CoalescingWriter(out.buffer)
+    _CallEvents.writer = writer
     structlog.configure(
         processors=[
             *shared,
