@@ -24,6 +24,7 @@ sys.path.insert(0, str(_HERE.parent))
 import argparse
 import asyncio
 import os
+import queue
 import sqlite3
 import statistics
 import tempfile
@@ -34,6 +35,7 @@ import uvloop
 from pydantic import BaseModel
 
 from recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep
+from recovery._queue import MIGRATIONS
 from registry import Capability, Registry
 
 
@@ -96,6 +98,62 @@ def sqlite_enqueue(path: Path, producers: int, jobs: int) -> tuple[float, list[f
     for t in threads:
         t.join()
     return per * producers / (time.perf_counter() - started), latencies
+
+
+def commit_floor(path: Path, rows_per_commit: int, seconds: float = 2.0
+                 ) -> tuple[float, float]:
+    """What the disk allows: capd's own schema and INSERT, ``rows_per_commit`` rows per
+    WAL+FULL COMMIT, in a tight loop with no Python between commits and no thread hop.
+
+    Returns (rows/s, commit p50 seconds). No queue on this disk can acknowledge
+    jobs from N producers that each wait for their commit faster than this.
+    """
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.executescript(MIGRATIONS[1])
+    insert = ("INSERT INTO jobs (id, capability, params, policy, state, attempts, max_attempts,"
+              " next_run_at, fence, boot_id, first_sent_at, timeout_s, created_at, updated_at)"
+              " VALUES (?, 'bench.write', ?, 'replay', 'pending', 0, 8, ?, 0, 'b', ?, 5, ?, ?)")
+    params = '{"line":"' + "x" * 64 + '","n":1}'
+    n = 0
+    commits: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        now = time.time()
+        rows = [(f"{time.time_ns():016x}{n + i:012x}", params, now, now, now, now)
+                for i in range(rows_per_commit)]
+        started = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(insert, rows)
+        conn.execute("COMMIT")
+        commits.append(time.perf_counter() - started)
+        n += rows_per_commit
+    conn.close()
+    return n / sum(commits), statistics.median(commits)
+
+
+async def thread_round_trip(samples: int = 3000) -> float:
+    """p50 seconds for event loop → worker thread → event loop, as a queue hop costs."""
+    loop = asyncio.get_running_loop()
+    inbox: queue.SimpleQueue[asyncio.Future[None] | None] = queue.SimpleQueue()
+
+    def worker() -> None:
+        while (future := inbox.get()) is not None:
+            loop.call_soon_threadsafe(future.set_result, None)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        future = loop.create_future()
+        inbox.put(future)
+        await future
+        times.append(time.perf_counter() - started)
+    inbox.put(None)
+    thread.join()
+    return statistics.median(times)
 
 
 async def capd_cycle(path: Path, jobs: int) -> float:
@@ -191,14 +249,26 @@ def main() -> None:
     print(f"{'producers':>9}  {'capd jobs/s':>11} {'p50 ms':>7} {'p99 ms':>7}   "
           f"{'sqlite3 jobs/s':>14} {'p50 ms':>7} {'p99 ms':>7}   ratio")
     try:
+        rates = {}
         for producers in (1, 8, 64):
             jobs = args.jobs if producers > 1 else min(args.jobs, 1500)
             rate, lat = uvloop.run(capd_enqueue(root / f"capd-{producers}.db", producers, jobs))
             base, blat = sqlite_enqueue(root / f"base-{producers}.db", producers, jobs)
+            rates[producers] = (rate, pct(lat, .5))
             print(f"{producers:>9}  {rate:>11.0f} {pct(lat, .5) * 1e3:>7.2f}"
                   f" {pct(lat, .99) * 1e3:>7.2f}"
                   f"   {base:>14.0f} {pct(blat, .5)*1e3:>7.2f} {pct(blat, .99)*1e3:>7.2f}"
                   f"   {rate / base:5.1f}x")
+        floor_rate, floor_commit = commit_floor(root / "floor.db", 8)
+        hop = uvloop.run(thread_round_trip())
+        rate8, p50_8 = rates[8]
+        print(f"floor for 8 producers on this disk: sqlite3 alone, 8 rows per FULL commit, "
+              f"no Python between commits: {floor_rate:.0f} rows/s (commit p50 "
+              f"{floor_commit * 1e3:.2f} ms); event loop ↔ thread round trip p50 "
+              f"{hop * 1e3:.3f} ms")
+        print(f"capd with 8 producers: {rate8 / floor_rate:.2f} of the floor's throughput; "
+              f"ack p50 {p50_8 * 1e3:.2f} ms against commit + round trip "
+              f"{(floor_commit + hop) * 1e3:.2f} ms")
         cycle = uvloop.run(capd_cycle(root / "cycle.db", args.jobs))
         base_cycle = sqlite_cycle(root / "cycle-base.db", min(args.jobs, 1500))
         print(f"enqueue→claim→complete: capd {cycle:.0f} jobs/s, sqlite3 one txn per step "

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import aiosqlite
+import orjson
 import structlog
 from pydantic import BaseModel, ConfigDict
 
@@ -225,7 +226,10 @@ def _row_to_job(row: sqlite3.Row) -> Job:
 
 
 def _params_text(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+    try:
+        return orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # what orjson cannot hold (an int past 64 bits) the json module can
+        return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
 # -------------------------------------------------------------------------- queue
@@ -438,8 +442,16 @@ class RetryQueue:
                 return
 
     async def _commit_batch(self, batch: Sequence[_Pending]) -> None:
+        loop = asyncio.get_running_loop()
+
+        def commit_and_settle(conn: sqlite3.Connection) -> None:
+            # Answer the callers from the database thread as soon as the COMMIT is
+            # done: they wake in the same loop turn as this writer, not one later.
+            results = self._run_batch(conn, batch)
+            loop.call_soon_threadsafe(self._settle, batch, results)
+
         try:
-            results = await self._in_db_thread(lambda conn: self._run_batch(conn, batch))
+            await self._in_db_thread(commit_and_settle)
         except Exception as exc:  # every caller of the batch must hear of it; none may hang
             error = QueueStorageError(f"could not commit to the queue {self.path}: {exc}")
             log.error("queue_commit_failed", error=repr(exc), operations=len(batch))
@@ -447,6 +459,9 @@ class RetryQueue:
                 if not item.future.done():
                     item.future.set_exception(error)
             return
+
+    def _settle(self, batch: Sequence[_Pending], results: Sequence[Any]) -> None:
+        """Answer each operation of a committed batch (on the event loop)."""
         self.batches += 1
         self.batched_jobs += len(batch)
         for item, outcome in zip(batch, results, strict=True):
