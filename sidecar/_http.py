@@ -131,6 +131,8 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; a malformed request is answered 400 and the connection closed."""
+        if self._closing:
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -159,9 +161,15 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         length = self._headers.get("content-length")
+        expects = self._headers.get("expect", "").lower() == "100-continue"
         if length is not None and length.isdigit() and int(length) > self._hooks.max_body_bytes:
             self._refuse_body()
-        elif self._headers.get("expect", "").lower() == "100-continue" and self._transport:
+            # A client waiting for 100 Continue never sends the body; one sending more
+            # than the discard limit is not worth reading: close after the answer.
+            if (expects or int(length) > DISCARD_LIMIT) and self._transport is not None:
+                self._closing = True
+                self._transport.close()
+        elif expects and self._transport is not None:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:

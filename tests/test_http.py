@@ -1,0 +1,252 @@
+"""The socket's HTTP/1.1 server: framing, limits and bad input, over a real Unix socket.
+
+The server runs in the test's event loop with a small handler that echoes what
+it parsed; clients speak raw bytes (and curl), so framing is what is tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sidecar._http import HttpRequest, HttpResponse, HttpServer, ServerHooks
+
+LIMIT = 1024
+
+
+class Echo:
+    """Answers each request with what the server parsed; /slow waits for a release."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.finished: list[str] = []
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path == "/slow":
+            await self.release.wait()
+        self.finished.append(request.path)
+        body = {"method": request.method, "path": request.path, "query": request.query_string,
+                "body": request.body.decode(), "peer": request.peer,
+                "headers": {k: v for k, v in request.headers.items() if k.startswith("x-")}}
+        return HttpResponse(200, json.dumps(body).encode())
+
+
+def _hooks(echo: Echo) -> ServerHooks:
+    return ServerHooks(
+        handler=echo, peer_of=lambda sock: "unix" if sock is not None else None,
+        too_large=lambda: HttpResponse(413, b'{"title":"Payload Too Large"}',
+                                       "application/problem+json"),
+        malformed=lambda detail: HttpResponse(400, json.dumps({"detail": detail}).encode(),
+                                              "application/problem+json"),
+        max_body_bytes=LIMIT)
+
+
+@pytest.fixture
+async def served(short_tmp: Path) -> AsyncIterator[tuple[Path, Echo]]:
+    path = short_tmp / "h.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(64)
+    echo = Echo()
+    server = HttpServer(_hooks(echo))
+    await server.start(sock)
+    yield path, echo
+    echo.release.set()
+    await server.close(grace_s=1.0)
+
+
+async def _exchange(path: Path, data: bytes, *, until_close: bool = True,
+                    responses: int = 1) -> bytes:
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(data)
+    await writer.drain()
+    if until_close:
+        out = await asyncio.wait_for(reader.read(), timeout=5)
+    else:
+        out = b""
+        while out.count(b"HTTP/1.1 ") < responses or not _complete(out, responses):
+            chunk = await asyncio.wait_for(reader.read(65536), timeout=5)
+            if not chunk:
+                break
+            out += chunk
+    writer.close()
+    return out
+
+
+def _complete(data: bytes, responses: int) -> bool:
+    """Whether ``data`` holds ``responses`` whole responses (Content-Length framed)."""
+    for _ in range(responses):
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        head = data[:end].decode("latin-1").lower()
+        length = int(head.split("content-length:")[1].split("\r\n")[0])
+        if len(data) < end + 4 + length:
+            return False
+        data = data[end + 4 + length:]
+    return True
+
+
+def _bodies(data: bytes) -> list[tuple[int, dict[str, object]]]:
+    out = []
+    while data:
+        end = data.find(b"\r\n\r\n")
+        head = data[:end].decode("latin-1")
+        length = int(head.lower().split("content-length:")[1].split("\r\n")[0])
+        body = data[end + 4:end + 4 + length]
+        if head.startswith("HTTP/1.1 100"):
+            data = data[end + 4:]
+            continue
+        out.append((int(head[9:12]), json.loads(body)))
+        data = data[end + 4 + length:]
+    return out
+
+
+async def test_pipelined_requests_are_answered_in_order(served: tuple[Path, Echo]) -> None:
+    path, _ = served
+    requests = b"".join(
+        f"POST /r{i}?n={i} HTTP/1.1\r\nHost: capd\r\nContent-Length: 2\r\n\r\n{i:02d}".encode()
+        for i in range(20))
+    answers = _bodies(await _exchange(path, requests, until_close=False, responses=20))
+    assert [(s, b["path"], b["query"], b["body"]) for s, b in answers] == [
+        (200, f"/r{i}", f"n={i}", f"{i:02d}") for i in range(20)]
+
+
+async def test_chunked_body_and_percent_encoded_path(served: tuple[Path, Echo]) -> None:
+    path, _ = served
+    request = (b"POST /call/notes%2Eappend HTTP/1.1\r\nHost: capd\r\n"
+               b"Transfer-Encoding: chunked\r\nX-Request-Id: r-1\r\nConnection: close\r\n\r\n"
+               b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+    [(status, body)] = _bodies(await _exchange(path, request))
+    assert status == 200
+    assert body["path"] == "/call/notes.append"
+    assert body["body"] == "hello world"
+    assert body["headers"] == {"x-request-id": "r-1"}
+    assert body["peer"] == "unix"
+
+
+async def test_connection_close_and_http_1_0_close_after_the_answer(
+        served: tuple[Path, Echo]) -> None:
+    path, _ = served
+    closing = await _exchange(path, b"GET /a HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n")
+    assert b"Connection: close" in closing
+    old = await _exchange(path, b"GET /b HTTP/1.0\r\n\r\n")
+    assert old.startswith(b"HTTP/1.1 200")
+    assert _bodies(old)[0][1]["path"] == "/b"
+
+
+async def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(
+        served: tuple[Path, Echo]) -> None:
+    """With Expect: 100-continue the client never has to send the body."""
+    path, echo = served
+    request = (f"POST /big HTTP/1.1\r\nHost: c\r\nContent-Length: {LIMIT + 1}\r\n"
+               "Expect: 100-continue\r\n\r\n").encode()
+    answer = await _exchange(path, request)
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert b"100 Continue" not in answer
+    assert echo.finished == []
+
+
+async def test_a_chunked_body_over_the_limit_is_refused(served: tuple[Path, Echo]) -> None:
+    path, echo = served
+    chunk = b"x" * 600
+    request = (b"POST /big HTTP/1.1\r\nHost: c\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + (b"258\r\n" + chunk + b"\r\n") * 3 + b"0\r\n\r\n")
+    answer = await _exchange(path, request)
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert echo.finished == []
+
+
+async def test_expect_100_continue_within_the_limit_is_continued(
+        served: tuple[Path, Echo]) -> None:
+    path, _ = served
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b"POST /e HTTP/1.1\r\nHost: c\r\nContent-Length: 3\r\n"
+                 b"Expect: 100-continue\r\nConnection: close\r\n\r\n")
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"abc")
+    final = await asyncio.wait_for(reader.read(), timeout=5)
+    writer.close()
+    assert _bodies(final)[0][1]["body"] == "abc"
+
+
+@pytest.mark.parametrize("garbage", [
+    b"NOT HTTP AT ALL\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: c\r\nContent-Length: nope\r\n\r\n",
+    b"GET /" + b"a" * (70 * 1024) + b" HTTP/1.1\r\n\r\n",
+    b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+])
+async def test_malformed_requests_get_400_and_the_server_keeps_serving(
+        served: tuple[Path, Echo], garbage: bytes) -> None:
+    path, _ = served
+    answer = await _exchange(path, garbage)
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert b"Connection: close" in answer
+    ok = await _exchange(path, b"GET /after HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n")
+    [(status, body)] = _bodies(ok)
+    assert (status, body["path"]) == (200, "/after")
+
+
+async def test_a_client_that_leaves_mid_request_does_not_cut_the_handler_short(
+        served: tuple[Path, Echo]) -> None:
+    """The handler finishes its work; the answer is dropped; others are still served."""
+    path, echo = served
+    _reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.close()
+    await asyncio.sleep(0.05)
+    echo.release.set()
+    for _ in range(100):
+        if "/slow" in echo.finished:
+            break
+        await asyncio.sleep(0.01)
+    assert "/slow" in echo.finished
+    ok = await _exchange(path, b"GET /next HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200")
+
+
+async def test_close_lets_a_busy_connection_answer_and_drops_idle_ones(
+        short_tmp: Path) -> None:
+    path = short_tmp / "c.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(8)
+    echo = Echo()
+    server = HttpServer(_hooks(echo))
+    await server.start(sock)
+    idle_reader, idle_writer = await asyncio.open_unix_connection(str(path))
+    busy_reader, busy_writer = await asyncio.open_unix_connection(str(path))
+    busy_writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n")
+    await busy_writer.drain()
+    await asyncio.sleep(0.05)
+    closing = asyncio.create_task(server.close(grace_s=2.0))
+    await asyncio.sleep(0.1)
+    assert await asyncio.wait_for(idle_reader.read(), timeout=2) == b""  # idle: closed
+    echo.release.set()
+    answer = await asyncio.wait_for(busy_reader.read(), timeout=3)
+    assert answer.startswith(b"HTTP/1.1 200")
+    await closing
+    idle_writer.close()
+    busy_writer.close()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is installed by .ci/deps")
+async def test_curl_speaks_to_it(served: tuple[Path, Echo]) -> None:
+    """curl's defaults (Expect on large bodies, keep-alive) work, JSON in and out."""
+    path, _ = served
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-s", "--unix-socket", str(path), "-H", "X-Trace: t", "--data", "x" * 1000,
+        "http://capd/call/x?a=1", stdout=subprocess.PIPE)
+    out, _ = await proc.communicate()
+    body = json.loads(out)
+    assert (body["path"], body["query"], len(body["body"])) == ("/call/x", "a=1", 1000)
