@@ -141,9 +141,13 @@ async def _queue_health(d: Daemon) -> tuple[str, list[str], dict[str, list[dict[
     if age is not None and age > limit:
         status = "warn"
         notes.append(f"oldest pending job is {age:.0f}s old (threshold {limit:g}s)")
+    jobs_check: dict[str, Any] = {"componentType": "datastore",
+                                  "status": "warn" if stuck else "pass",
+                                  "observedValue": stats.by_state}
+    if stuck:
+        jobs_check["output"] = notes[0]
     checks: dict[str, list[dict[str, Any]]] = {
-        "queue:jobs": [{"componentType": "datastore", "status": "warn" if stuck else "pass",
-                        "observedValue": stats.by_state}],
+        "queue:jobs": [jobs_check],
         "queue:oldest-pending-age": [{
             "componentType": "datastore",
             "status": "warn" if age is not None and age > limit else "pass",

@@ -78,6 +78,9 @@ def test_operator_rows_and_health(short_tmp: Path) -> None:
         health = daemon.call("GET", "/health")
         assert (health.status, health.body["status"]) == (200, "warn")
         assert "1 dead" in health.body["output"]
+        [jobs_check] = health.body["checks"]["queue:jobs"]
+        assert (jobs_check["status"], jobs_check["observedValue"]["dead"]) == ("warn", 1)
+        assert "1 dead" in jobs_check["output"]
         listed = json.loads(capd(daemon, "queue", "list", "--state", "dead", "--json").stdout)
         assert [j["id"] for j in listed["jobs"]] == [dead_job]
         table = capd(daemon, "queue", "list")
