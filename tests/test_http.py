@@ -48,15 +48,21 @@ def _hooks(echo: Echo) -> ServerHooks:
         max_body_bytes=LIMIT)
 
 
-@pytest.fixture
-async def served(short_tmp: Path) -> AsyncIterator[tuple[Path, Echo]]:
-    path = short_tmp / "h.sock"
+async def _serve(path: Path) -> tuple[HttpServer, Echo]:
+    """An echo server listening on a new Unix socket at ``path``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
     sock.listen(64)
     echo = Echo()
     server = HttpServer(_hooks(echo))
     await server.start(sock)
+    return server, echo
+
+
+@pytest.fixture
+async def served(short_tmp: Path) -> AsyncIterator[tuple[Path, Echo]]:
+    path = short_tmp / "h.sock"
+    server, echo = await _serve(path)
     yield path, echo
     echo.release.set()
     await server.close(grace_s=1.0)
@@ -218,12 +224,7 @@ async def test_a_client_that_leaves_mid_request_does_not_cut_the_handler_short(
 async def test_close_lets_a_busy_connection_answer_and_drops_idle_ones(
         short_tmp: Path) -> None:
     path = short_tmp / "c.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
-    sock.listen(8)
-    echo = Echo()
-    server = HttpServer(_hooks(echo))
-    await server.start(sock)
+    server, echo = await _serve(path)
     idle_reader, idle_writer = await asyncio.open_unix_connection(str(path))
     busy_reader, busy_writer = await asyncio.open_unix_connection(str(path))
     busy_writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n")
