@@ -9,6 +9,7 @@ only what they need, and does it with little Python per request:
   ``Expect: 100-continue`` answered, bodies bounded (413 before reading when
   the length is declared, as soon as it is passed when chunked);
 - malformed requests answered 400 and the connection closed;
+- a connection idle for ``idle_timeout_s`` (75 s) between requests is closed;
 - the peer's credentials read once per connection;
 - a handler that is still running when its client goes away finishes its work
   (a call is never cut half-way by a disconnect); its answer is dropped.
@@ -101,6 +102,8 @@ class HttpConnection(asyncio.Protocol):
         self._connections = connections
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.last_active = 0.0
         self._peer: Any = None
         self._pending: collections.deque[HttpRequest] = collections.deque()
         self._task: asyncio.Task[None] | None = None
@@ -120,6 +123,8 @@ class HttpConnection(asyncio.Protocol):
         """Remember the transport and read the peer's credentials once."""
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
         self._transport = cast(asyncio.Transport, transport)
+        self._loop = asyncio.get_running_loop()
+        self.last_active = self._loop.time()
         self._peer = self._hooks.peer_of(transport.get_extra_info("socket"))
         self._connections.add(self)
 
@@ -133,6 +138,8 @@ class HttpConnection(asyncio.Protocol):
         """Feed the parser; a malformed request is answered 400 and the connection closed."""
         if self._closing:
             return
+        if self._loop is not None:
+            self.last_active = self._loop.time()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -222,6 +229,8 @@ class HttpConnection(asyncio.Protocol):
                     return
                 self._transport.write(encode_response(
                     response, keep_alive=request.keep_alive, head=request.method == "HEAD"))
+                if self._loop is not None:
+                    self.last_active = self._loop.time()
                 if not request.keep_alive:
                     self._closing = True
                     self._transport.close()
@@ -265,19 +274,32 @@ class HttpConnection(asyncio.Protocol):
 class HttpServer:
     """Serves ``hooks`` on a listening socket until :meth:`close`."""
 
-    def __init__(self, hooks: ServerHooks) -> None:
+    def __init__(self, hooks: ServerHooks, *, idle_timeout_s: float = 75.0) -> None:
         self._hooks = hooks
+        self._idle_timeout_s = idle_timeout_s
         self._connections: set[HttpConnection] = set()
         self._server: asyncio.Server | None = None
+        self._reaper: asyncio.TimerHandle | None = None
 
     async def start(self, sock: Any) -> None:
         """Accept connections on the bound, listening Unix socket ``sock``."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(
             lambda: HttpConnection(self._hooks, self._connections), sock=sock, backlog=1024)
+        self._reaper = loop.call_later(self._idle_timeout_s / 4, self._reap_idle)
+
+    def _reap_idle(self) -> None:
+        """Close connections that sent nothing and waited for nothing for the idle timeout."""
+        loop = asyncio.get_running_loop()
+        cutoff = loop.time() - self._idle_timeout_s
+        for conn in [c for c in self._connections if not c.busy and c.last_active < cutoff]:
+            conn.close()
+        self._reaper = loop.call_later(self._idle_timeout_s / 4, self._reap_idle)
 
     async def close(self, grace_s: float = 2.0) -> None:
         """Stop accepting, close idle connections, give busy ones ``grace_s`` to answer."""
+        if self._reaper is not None:
+            self._reaper.cancel()
         if self._server is not None:
             self._server.close()
         loop = asyncio.get_running_loop()

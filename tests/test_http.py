@@ -48,13 +48,13 @@ def _hooks(echo: Echo) -> ServerHooks:
         max_body_bytes=LIMIT)
 
 
-async def _serve(path: Path) -> tuple[HttpServer, Echo]:
+async def _serve(path: Path, idle_timeout_s: float = 75.0) -> tuple[HttpServer, Echo]:
     """An echo server listening on a new Unix socket at ``path``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
     sock.listen(64)
     echo = Echo()
-    server = HttpServer(_hooks(echo))
+    server = HttpServer(_hooks(echo), idle_timeout_s=idle_timeout_s)
     await server.start(sock)
     return server, echo
 
@@ -251,3 +251,21 @@ async def test_curl_speaks_to_it(served: tuple[Path, Echo]) -> None:
     out, _ = await proc.communicate()
     body = json.loads(out)
     assert (body["path"], body["query"], len(body["body"])) == ("/call/x", "a=1", 1000)
+
+
+async def test_an_idle_keep_alive_connection_is_closed_and_a_busy_one_is_not(
+        short_tmp: Path) -> None:
+    path = short_tmp / "i.sock"
+    server, echo = await _serve(path, idle_timeout_s=0.2)
+    idle_reader, idle_writer = await asyncio.open_unix_connection(str(path))
+    busy_reader, busy_writer = await asyncio.open_unix_connection(str(path))
+    busy_writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n")
+    await busy_writer.drain()
+    assert await asyncio.wait_for(idle_reader.read(), timeout=3) == b""  # closed by the server
+    await asyncio.sleep(0.4)  # well past the timeout: the busy one is still open
+    echo.release.set()
+    answer = await asyncio.wait_for(busy_reader.readuntil(b"}"), timeout=3)
+    assert answer.startswith(b"HTTP/1.1 200")
+    idle_writer.close()
+    busy_writer.close()
+    await server.close(grace_s=1.0)
