@@ -125,7 +125,13 @@ class HttpConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         self._loop = asyncio.get_running_loop()
         self.last_active = self._loop.time()
-        self._peer = self._hooks.peer_of(transport.get_extra_info("socket"))
+        try:
+            self._peer = self._hooks.peer_of(transport.get_extra_info("socket"))
+        except OSError as exc:  # the peer left before we asked; nothing to serve
+            log.warning("peer_credentials_unreadable", error=str(exc))
+            self._closing = True
+            self._transport.close()
+            return
         self._connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -227,8 +233,15 @@ class HttpConnection(asyncio.Protocol):
                                             "application/problem+json")
                 if self._closing or self._transport is None:
                     return
-                self._transport.write(encode_response(
-                    response, keep_alive=request.keep_alive, head=request.method == "HEAD"))
+                try:
+                    data = encode_response(response, keep_alive=request.keep_alive,
+                                           head=request.method == "HEAD")
+                except (UnicodeEncodeError, TypeError) as exc:  # a header HTTP cannot carry
+                    log.error("response_unencodable", path=request.path, error=repr(exc))
+                    data = encode_response(HttpResponse(
+                        500, b'{"title":"Internal Error","status":500}',
+                        "application/problem+json"), keep_alive=request.keep_alive)
+                self._transport.write(data)
                 if self._loop is not None:
                     self.last_active = self._loop.time()
                 if not request.keep_alive:

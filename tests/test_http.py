@@ -31,6 +31,8 @@ class Echo:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path == "/slow":
             await self.release.wait()
+        if request.path == "/bad-header":
+            return HttpResponse(200, b"{}", headers={"X-Bad": "\u20ac"})
         self.finished.append(request.path)
         body = {"method": request.method, "path": request.path, "query": request.query_string,
                 "body": request.body.decode(), "peer": request.peer,
@@ -269,3 +271,13 @@ async def test_an_idle_keep_alive_connection_is_closed_and_a_busy_one_is_not(
     idle_writer.close()
     busy_writer.close()
     await server.close(grace_s=1.0)
+
+
+async def test_an_answer_http_cannot_carry_becomes_500_and_the_connection_goes_on(
+        served: tuple[Path, Echo]) -> None:
+    path, _ = served
+    requests = (b"GET /bad-header HTTP/1.1\r\nHost: c\r\n\r\n"
+                b"GET /fine HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n")
+    answers = _bodies(await _exchange(path, requests))
+    assert [status for status, _ in answers] == [500, 200]
+    assert answers[1][1]["path"] == "/fine"
