@@ -10,6 +10,7 @@ only what they need, and does it with little Python per request:
   the length is declared, as soon as it is passed when chunked);
 - malformed requests answered 400 and the connection closed;
 - a connection idle for ``idle_timeout_s`` (75 s) between requests is closed;
+- a client that half-closes after its request (``nc -N``) still gets its answer;
 - the peer's credentials read once per connection;
 - a handler that is still running when its client goes away finishes its work
   (a call is never cut half-way by a disconnect); its answer is dropped.
@@ -109,6 +110,7 @@ class HttpConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._paused = False
         self._closing = False
+        self._eof = False
         # The request being parsed.
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -139,6 +141,11 @@ class HttpConnection(asyncio.Protocol):
         self._closing = True
         self._pending.clear()
         self._connections.discard(self)
+
+    def eof_received(self) -> bool:
+        """The client finished sending: answer what it asked, then close."""
+        self._eof = True
+        return self.busy  # True keeps the transport open for the answers
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; a malformed request is answered 400 and the connection closed."""
@@ -251,6 +258,9 @@ class HttpConnection(asyncio.Protocol):
                 if self._paused:
                     self._paused = False
                     self._transport.resume_reading()
+            if self._eof and self._transport is not None:
+                self._closing = True
+                self._transport.close()
         finally:
             self._task = None
 

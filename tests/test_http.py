@@ -281,3 +281,17 @@ async def test_an_answer_http_cannot_carry_becomes_500_and_the_connection_goes_o
     answers = _bodies(await _exchange(path, requests))
     assert [status for status, _ in answers] == [500, 200]
     assert answers[1][1]["path"] == "/fine"
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+        served: tuple[Path, Echo]) -> None:
+    """Like `printf 'GET ...' | nc -U -N`: the request, then EOF, then read."""
+    path, echo = served
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n")
+    writer.write_eof()
+    await asyncio.sleep(0.05)
+    echo.release.set()
+    answer = await asyncio.wait_for(reader.read(), timeout=3)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200")
