@@ -69,6 +69,12 @@ class HttpResponse:
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
+def _internal_error() -> HttpResponse:
+    """The answer when the handler failed in a way the API did not turn into a problem."""
+    return HttpResponse(500, b'{"title":"Internal Error","status":500}',
+                        "application/problem+json")
+
+
 def encode_response(response: HttpResponse, *, keep_alive: bool, head: bool = False) -> bytes:
     """The bytes of ``response`` on the wire."""
     lines = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
@@ -219,8 +225,8 @@ class HttpConnection(asyncio.Protocol):
             keep_alive=self._parser.should_keep_alive(),
         )
         self._pending.append(request)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._serve())
+        if self._task is None and self._loop is not None:
+            self._task = self._loop.create_task(self._serve())
         elif len(self._pending) >= MAX_PIPELINED and not self._paused and self._transport:
             self._transport.pause_reading()
             self._paused = True
@@ -236,8 +242,7 @@ class HttpConnection(asyncio.Protocol):
                     response = await self._hooks.handler(request)
                 except Exception as exc:  # the API turns errors into answers; this is a guard
                     log.error("handler_crashed", path=request.path, error=repr(exc))
-                    response = HttpResponse(500, b'{"title":"Internal Error","status":500}',
-                                            "application/problem+json")
+                    response = _internal_error()
                 if self._closing or self._transport is None:
                     return
                 try:
@@ -245,9 +250,7 @@ class HttpConnection(asyncio.Protocol):
                                            head=request.method == "HEAD")
                 except (UnicodeEncodeError, TypeError) as exc:  # a header HTTP cannot carry
                     log.error("response_unencodable", path=request.path, error=repr(exc))
-                    data = encode_response(HttpResponse(
-                        500, b'{"title":"Internal Error","status":500}',
-                        "application/problem+json"), keep_alive=request.keep_alive)
+                    data = encode_response(_internal_error(), keep_alive=request.keep_alive)
                 self._transport.write(data)
                 if self._loop is not None:
                     self.last_active = self._loop.time()
