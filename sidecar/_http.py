@@ -4,12 +4,26 @@ capd's API is a handful of JSON routes on a local socket, so the server does
 only what they need, and does it with little Python per request:
 
 - keep-alive by default (HTTP/1.1 rules, ``Connection: close`` honoured) and
-  pipelined requests answered in order, one at a time per connection;
+  pipelined requests answered strictly in order, one at a time per connection:
+  every answer (the handler's, a 413, a 400, a 408, ``100 Continue``) waits in
+  one queue per connection behind the answers before it;
 - ``Content-Length`` and chunked request bodies (llhttp decodes chunks),
   ``Expect: 100-continue`` answered, bodies bounded (413 before reading when
   the length is declared, as soon as it is passed when chunked);
-- malformed requests answered 400 and the connection closed;
-- a connection idle for ``idle_timeout_s`` (75 s) between requests is closed;
+- malformed requests answered 400 and the connection closed once the answers
+  before it are out;
+- flow control (after uvicorn's ``flow_control.py``): while a connection's
+  answers are not drained it is neither read nor answered further;
+- bounded buffering: a request claims its size from a budget shared by all
+  connections (``max_buffered_bytes``) before its body is read, a connection
+  holds at most ``MAX_PIPELINED`` requests and two requests' worth of bytes,
+  and a connection that must wait is simply not read;
+- slow clients: a request must arrive whole within ``request_timeout_s`` (else
+  408), a connection idle between requests for ``idle_timeout_s`` is closed, as
+  is one whose answers have not been read for ``idle_timeout_s``;
+- at most ``max_connections``: the one silent longest with nothing in progress
+  is evicted for a newcomer; when every one is busy the newcomer is answered 503
+  (both logged at most once a second, with counts);
 - a client that half-closes after its request (``nc -N``) still gets its answer;
 - the peer's credentials read once per connection;
 - a handler that is still running when its client goes away finishes its work
@@ -23,14 +37,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, Final, Literal, cast
 from urllib.parse import unquote
 
 import httptools
 import structlog
+
+from sidecar._http_limits import BufferBudget, FlowControl, ServerState
 
 log = structlog.get_logger("capd.http")
 
@@ -39,8 +56,15 @@ MAX_PIPELINED = 16
 # A body past the limit is read and dropped up to this much, so that the client
 # sees the 413 instead of a broken pipe; beyond it the connection is closed.
 DISCARD_LIMIT = 64 * 1024 * 1024
+# A chunked body is parsed this much at a time. llhttp cannot pause inside what
+# it is given, and a chunked body's end is not known in advance, so a request
+# pipelined right behind one is parsed before it can be held back: at most this
+# much of it.
+CHUNKED_SLICE = 16 * 1024
 
 _REASONS = {s.value: s.phrase.encode("latin-1") for s in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_HEADERS_END = b"\r\n\r\n"
 
 
 @dataclass(slots=True)
@@ -67,6 +91,14 @@ class HttpResponse:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+def _problem(status: int, detail: str) -> HttpResponse:
+    """A problem+json answer the server makes itself, in the API's form."""
+    title = HTTPStatus(status).phrase
+    body = {"type": "urn:capd:problem:" + title.lower().replace(" ", "-"), "title": title,
+            "status": status, "detail": detail}
+    return HttpResponse(status, json.dumps(body).encode(), "application/problem+json")
 
 
 def _internal_error() -> HttpResponse:
@@ -101,81 +133,259 @@ class ServerHooks:
     max_body_bytes: int
 
 
-class HttpConnection(asyncio.Protocol):
-    """One client connection."""
+# -- what a connection's answer queue holds -------------------------------------
 
-    def __init__(self, hooks: ServerHooks, connections: set[HttpConnection]) -> None:
-        self._hooks = hooks
-        self._connections = connections
+
+@dataclass(slots=True)
+class _Call:
+    """A request for the handler; it holds ``reserved`` bytes until the handler returns."""
+
+    request: HttpRequest
+    reserved: int
+
+
+@dataclass(slots=True)
+class _Refusal:
+    """An answer the server makes itself (413, 400, 408): the connection closes after it."""
+
+    response: HttpResponse
+
+
+class _Continue:
+    """``100 Continue``: the body of the request being read may come."""
+
+
+_CONTINUE_MARK: Final = _Continue()
+_Item = _Call | _Refusal | _Continue
+
+
+def _too_many_connections(max_connections: int) -> HttpResponse:
+    return _problem(503, f"capd is at its connection limit ({max_connections} open "
+                         "connections); retry in a moment, and close connections you do not use")
+
+
+def _request_timeout(timeout_s: float) -> HttpResponse:
+    return _problem(408, f"the request did not arrive whole within {timeout_s:g} s; "
+                         "send the headers and body without pausing, then retry")
+
+
+# -- one connection -------------------------------------------------------------
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parses requests, answers them in order, holds back when it must.
+
+    Received bytes are parsed a header block or a declared body at a time (llhttp
+    cannot be paused inside what it is given), so that parsing can stop exactly
+    where the next request would have to wait: for its claim on the budget, for
+    room in the queue (``MAX_PIPELINED``) or for earlier answers to drain. What is
+    not parsed yet waits in ``_buf`` and the socket is not read meanwhile.
+    """
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._hooks = state.hooks
+        self._clock = state.clock
         self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._transport: asyncio.Transport
+        self._loop: asyncio.AbstractEventLoop
+        self._flow: FlowControl
         self.last_active = 0.0
+        self.reserved_bytes = 0  # kept by the budget
         self._peer: Any = None
-        self._pending: collections.deque[HttpRequest] = collections.deque()
+        self._pending: collections.deque[_Item] = collections.deque()
         self._task: asyncio.Task[None] | None = None
-        self._paused = False
         self._closing = False
         self._eof = False
+        self._done = False  # nothing after the last request is parsed
+        self._answered_last = False  # the closing answer is written
+        self._feeding = False
+        # Received bytes not parsed yet: self._buf[self._pos:].
+        self._buf = b""
+        self._pos = 0
+        self._tail = b""  # the last bytes of a header block parsed so far
+        # Claims: the request being read holds ``_claim`` or is ``_owed`` it (its claim
+        # waits); requests completed while a claim waits are parked until it is granted.
+        self._claim = 0
+        self._owed = 0
+        self._claim_waits = False
+        self._parked: list[tuple[HttpRequest, int]] = []
         # The request being parsed.
+        self._in_message = False
+        self._in_body = False
+        self._started_at: float | None = None
+        self._body_left: int | None = None  # declared body bytes still to come
+        self._expects = False
+        self._discarding = False
         self._url = b""
         self._headers: dict[str, str] = {}
         self._header_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
-        self._too_large = False
 
     # -- asyncio.Protocol ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Remember the transport and read the peer's credentials once."""
+        """Read the peer's credentials once; take a place among the server's connections."""
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
         self._transport = cast(asyncio.Transport, transport)
         self._loop = asyncio.get_running_loop()
-        self.last_active = self._loop.time()
+        self._flow = FlowControl(self._transport)
+        self.last_active = self._clock()
         try:
             self._peer = self._hooks.peer_of(transport.get_extra_info("socket"))
         except OSError as exc:  # the peer left before we asked; nothing to serve
             log.warning("peer_credentials_unreadable", error=str(exc))
-            self._closing = True
-            self._transport.close()
+            self.close()
             return
-        self._connections.add(self)
+        if not self._state.admit(self, self.last_active):
+            self._closing = True
+            self._transport.write(encode_response(
+                _too_many_connections(self._state.max_connections), keep_alive=False))
+            self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection; a running handler finishes and its answer is dropped."""
         self._closing = True
         self._pending.clear()
-        self._connections.discard(self)
+        self._parked.clear()
+        self._buf = b""
+        self._pos = 0
+        self._state.forget(self)
+        self._state.budget.forget(self)
+        self._flow.drained.set()  # a serving task waiting to write wakes, and ends
 
     def eof_received(self) -> bool:
         """The client finished sending: answer what it asked, then close."""
         self._eof = True
-        return self.busy  # True keeps the transport open for the answers
+        # True keeps the transport open for the answers.
+        return self.busy or self._owes_more()
 
     def data_received(self, data: bytes) -> None:
-        """Feed the parser; a malformed request is answered 400 and the connection closed."""
+        """Parse what can be taken now; keep the rest and stop reading until it can."""
+        if self._closing or self._done:  # after the last request, bytes are dropped
+            return
+        self.last_active = self._clock()
+        self._state.touch(self)
+        if self._pos < len(self._buf):
+            self._buf = self._buf[self._pos:] + data
+        else:
+            self._buf = data
+        self._pos = 0
+        self._resume_parsing()
+
+    def pause_writing(self) -> None:
+        """The transport's buffer passed its high-water mark: answer and read nothing more."""
+        self._flow.pause_writing(self._clock())
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        """The buffer drained: answer and read again."""
+        self._flow.resume_writing()
+        self._resume_parsing()
+
+    # -- parsing ------------------------------------------------------------------
+
+    def _resume_parsing(self) -> None:
+        """Parse what waits, then read the socket if more can be taken."""
         if self._closing:
             return
-        if self._loop is not None:
-            self.last_active = self._loop.time()
+        self._feed()
+        self._update_reading()
+
+    def _feed(self) -> None:
+        """Give llhttp the received bytes, one header block or declared body at a time,
+        while the connection may take more; a malformed request is refused (400)."""
+        if self._feeding:  # a callback below led back here; the loop goes on
+            return
+        self._feeding = True
         try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(self._hooks.malformed("protocol upgrades are not supported"))
-        except httptools.HttpParserError as exc:
-            if not self._closing:
-                self._fail(self._hooks.malformed(f"malformed HTTP request: {exc}"))
+            while self._pos < len(self._buf) and self._may_parse():
+                start = self._pos
+                self._pos = end = start + self._piece_length()
+                piece = (self._buf if start == 0 and end == len(self._buf)
+                         else memoryview(self._buf)[start:end])
+                try:
+                    self._parser.feed_data(piece)
+                except httptools.HttpParserUpgrade:
+                    if not self._done:
+                        self._refuse(self._hooks.malformed("protocol upgrades are not supported"))
+                except httptools.HttpParserError as exc:
+                    if not self._done:  # after the last request, what follows is dropped
+                        self._refuse(self._hooks.malformed(f"malformed HTTP request: {exc}"))
+        finally:
+            self._feeding = False
+        if self._pos >= len(self._buf):
+            self._buf = b""
+            self._pos = 0
+
+    def _may_parse(self) -> bool:
+        """Whether the next piece may be parsed now."""
+        if self._done or self._closing or self._claim_waits:
+            return False
+        if self._in_message:  # finish the request being read: its bytes are claimed
+            return True
+        return not self._flow.write_paused and len(self._pending) < MAX_PIPELINED
+
+    def _piece_length(self) -> int:
+        """How many of the waiting bytes to parse next: never past the end of a header
+        block or of a declared body, so that parsing can stop right there."""
+        start, left = self._pos, len(self._buf) - self._pos
+        if self._in_body:
+            return min(left, self._body_left or CHUNKED_SLICE)
+        if self._tail:  # the block's end may straddle what came before
+            end = (self._tail + self._buf[start:start + 3]).find(_HEADERS_END)
+            if end >= 0:
+                n = end + 4 - len(self._tail)
+                self._tail = b""
+                return n
+        end = self._buf.find(_HEADERS_END, start)
+        if end < 0:
+            self._tail = (self._tail + self._buf[max(start, len(self._buf) - 3):])[-3:]
+            return left
+        self._tail = b""
+        block = end + 4 - start
+        # The usual case, one request and its whole body in one read, in one piece when
+        # its claim is sure to be granted at once (the cut would change nothing).
+        rest = left - block
+        if rest and self._buf.find(b"\r\nContent-Length: %d\r\n" % rest, start, end + 2) >= 0 \
+                and self._state.budget.fits(self, left):
+            return left
+        return block
+
+    def _update_reading(self) -> None:
+        """Read the socket only while what arrives can be parsed now: one decision, one place.
+
+        Once nothing more is parsed the socket is still read (and the bytes dropped),
+        so that closing after the last answer does not reset the client's side.
+        """
+        if self._closing or self._eof:  # after EOF there is nothing more to read
+            return
+        flow = self._flow
+        hold = flow.write_paused or (not self._done and (
+            self._pos < len(self._buf) or not self._may_parse()))
+        if hold:
+            flow.pause_reading()
+        elif flow.read_paused:
+            flow.resume_reading()
+            if self._in_message:  # the time we held it back does not count against it
+                self._started_at = self._clock()
 
     # -- httptools callbacks ----------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self._done:
+            return
+        self._in_message = True
+        self._in_body = False
+        self._started_at = self._clock()
+        self._body_left = None
+        self._expects = False
         self._url = b""
         self._headers = {}
         self._header_bytes = 0
         self._body = []
         self._body_bytes = 0
-        self._too_large = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -186,33 +396,65 @@ class HttpConnection(asyncio.Protocol):
         self._count_header_bytes(len(name) + len(value))
 
     def on_headers_complete(self) -> None:
-        length = self._headers.get("content-length")
-        expects = self._headers.get("expect", "").lower() == "100-continue"
-        if length is not None and length.isdigit() and int(length) > self._hooks.max_body_bytes:
-            self._refuse_body()
-            # A client waiting for 100 Continue never sends the body; one sending more
-            # than the discard limit is not worth reading: close after the answer.
-            if (expects or int(length) > DISCARD_LIMIT) and self._transport is not None:
-                self._closing = True
-                self._transport.close()
-        elif expects and self._transport is not None:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self._done:
+            return
+        self._in_body = True
+        self._tail = b""
+        if self._parser.should_upgrade():
+            self._refuse(self._hooks.malformed("protocol upgrades are not supported"))
+            return
+        headers = self._headers
+        declared = headers.get("content-length")
+        length = int(declared) if declared is not None and declared.isdigit() else 0
+        chunked = "transfer-encoding" in headers  # llhttp takes no other coding in a request
+        self._expects = headers.get("expect", "").lower() == "100-continue"
+        max_body = self._hooks.max_body_bytes
+        if length > max_body:
+            if self._expects or length > DISCARD_LIMIT:
+                # A client waiting for 100 Continue never sends the body; one sending
+                # more than the discard limit is not worth reading.
+                self._refuse(self._hooks.too_large())
+            else:
+                self._refuse_body()
+                self._body_left = length
+            return
+        self._body_left = None if chunked else length
+        n = self._header_bytes + (max_body if chunked else length)
+        budget = self._state.budget
+        if self._claim_waits:  # only after a chunked body, in the same piece
+            budget.add(self, n)
+            self._owed = n
+        elif budget.claim(self, n):
+            self._claim = n
+        else:
+            self._claim_waits = True
+            self._owed = n
+        if self._expects and not self._claim_waits:
+            self._send_continue()
 
     def on_body(self, body: bytes) -> None:
-        self._body_bytes += len(body)
-        if self._too_large:
-            if self._body_bytes > DISCARD_LIMIT and self._transport is not None:
-                self._transport.close()
+        if self._done:
             return
-        if self._body_bytes > self._hooks.max_body_bytes:
+        self._body_bytes += len(body)
+        if self._body_left is not None:
+            self._body_left -= len(body)
+        if self._discarding:
+            if self._body_bytes > DISCARD_LIMIT:
+                self._end_parsing()
+            return
+        if self._body_bytes > self._hooks.max_body_bytes:  # chunked, past the limit
             self._refuse_body()
             return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        if self._too_large:
-            if self._transport is not None:
-                self._transport.close()
+        if self._done:
+            return
+        self._in_message = self._in_body = False
+        self._started_at = None
+        self._tail = b""
+        if self._discarding:
+            self._end_parsing()
             return
         parsed = httptools.parse_url(self._url)
         request = HttpRequest(
@@ -224,86 +466,262 @@ class HttpConnection(asyncio.Protocol):
             peer=self._peer,
             keep_alive=self._parser.should_keep_alive(),
         )
-        self._pending.append(request)
-        if self._task is None and self._loop is not None:
-            self._task = self._loop.create_task(self._serve())
-        elif len(self._pending) >= MAX_PIPELINED and not self._paused and self._transport:
-            self._transport.pause_reading()
-            self._paused = True
-
-    # -- answering --------------------------------------------------------------
-
-    async def _serve(self) -> None:
-        """Answer pending requests in order."""
-        try:
-            while self._pending:
-                request = self._pending.popleft()
-                try:
-                    response = await self._hooks.handler(request)
-                except Exception as exc:  # the API turns errors into answers; this is a guard
-                    log.error("handler_crashed", path=request.path, error=repr(exc))
-                    response = _internal_error()
-                if self._closing or self._transport is None:
-                    return
-                try:
-                    data = encode_response(response, keep_alive=request.keep_alive,
-                                           head=request.method == "HEAD")
-                except (UnicodeEncodeError, TypeError) as exc:  # a header HTTP cannot carry
-                    log.error("response_unencodable", path=request.path, error=repr(exc))
-                    data = encode_response(_internal_error(), keep_alive=request.keep_alive)
-                self._transport.write(data)
-                if self._loop is not None:
-                    self.last_active = self._loop.time()
-                if not request.keep_alive:
-                    self._closing = True
-                    self._transport.close()
-                    return
-                if self._paused:
-                    self._paused = False
-                    self._transport.resume_reading()
-            if self._eof and self._transport is not None:
-                self._closing = True
-                self._transport.close()
-        finally:
-            self._task = None
-
-    def _refuse_body(self) -> None:
-        """Answer 413 now; the rest of the body is read and dropped, then the connection closed."""
-        self._too_large = True
-        self._body = []
-        if self._transport is not None:
-            self._transport.write(encode_response(self._hooks.too_large(), keep_alive=False))
+        size = self._header_bytes + self._body_bytes
+        budget = self._state.budget
+        if self._owed:  # its claim waits: park it until granted
+            budget.add(self, size - self._owed)  # a chunked body claims what came
+            self._owed = 0
+            self._parked.append((request, size))
+            return
+        claim, self._claim = self._claim, 0
+        if claim > size:  # a chunked body claimed max_body_bytes
+            budget.release(self, claim - size)
+            claim = size
+        self._accept(request, claim)
 
     def _count_header_bytes(self, n: int) -> None:
         self._header_bytes += n
         if self._header_bytes > MAX_HEADER_BYTES:
             raise httptools.HttpParserError("request line and headers exceed 64 KiB")
 
-    def _fail(self, response: HttpResponse) -> None:
-        self._closing = True
-        if self._transport is not None:
-            self._transport.write(encode_response(response, keep_alive=False))
-            self._transport.close()
+    # -- claims and the end of parsing ----------------------------------------------
+
+    def admitted(self) -> None:
+        """The budget granted this connection's waiting claim: queue what was parked,
+        let the request being read go on, parse again (soon, not inside the budget)."""
+        if self._closing:  # what it was granted is given back when the connection is lost
+            return
+        self._claim_waits = False
+        self._claim, self._owed = self._owed, 0
+        parked, self._parked = self._parked, []
+        for request, claim in parked:
+            if self._done:  # a parked request closed the connection
+                self._state.budget.release(self, claim)
+            else:
+                self._accept(request, claim)
+        if self._in_body and self._expects and not self._done:
+            self._send_continue()
+        self._loop.call_soon(self._resume_parsing)
+
+    def _accept(self, request: HttpRequest, claim: int) -> None:
+        """Queue ``request``; after one that closes the connection nothing more is parsed."""
+        self._enqueue(_Call(request, claim))
+        if not request.keep_alive:
+            self._end_parsing()
+
+    def _settle_claims(self) -> None:
+        """The request being read will not be handled: give its claim back, stop waiting,
+        and queue the requests parked before it (their bytes are already here, so they
+        are taken even over the budget), keeping the order of answers."""
+        budget = self._state.budget
+        budget.withdraw(self)
+        budget.release(self, self._claim)
+        self._claim = self._owed = 0
+        self._claim_waits = False
+        parked, self._parked = self._parked, []
+        for request, claim in parked:
+            budget.take(self, claim)
+            self._enqueue(_Call(request, claim))
+            if not request.keep_alive:
+                break
+
+    def _end_parsing(self) -> None:
+        """Parse nothing more; close once the last answer is written."""
+        self._settle_claims()
+        self._done = True
+        self._discarding = False
+        self._in_message = self._in_body = False
+        self._started_at = None
+        self._buf = b""
+        self._pos = 0
+        self._maybe_finish()
+        self._update_reading()
+
+    def _refuse(self, response: HttpResponse) -> None:
+        """Answer ``response`` after every earlier answer, parse nothing more, then close."""
+        self._end_parsing()
+        self._enqueue(_Refusal(response))
+
+    def _refuse_body(self) -> None:
+        """Queue a 413 now; the rest of the body is read and dropped, then the connection closed."""
+        self._settle_claims()
+        self._body = []
+        self._discarding = True
+        self._enqueue(_Refusal(self._hooks.too_large()))
+
+    def _maybe_finish(self) -> None:
+        if self._answered_last and not self._discarding:
+            self.close()
+
+    # -- answering --------------------------------------------------------------
+
+    def _enqueue(self, item: _Item) -> None:
+        self._pending.append(item)
+        if self._task is None:
+            self._task = self._loop.create_task(self._serve())
+            self._task.add_done_callback(_log_crash)
+
+    def _send_continue(self) -> None:
+        """``100 Continue`` now if nothing is owed before it, else in its turn."""
+        if self.busy:
+            self._enqueue(_CONTINUE_MARK)
+        else:
+            self._write(_CONTINUE)
+
+    async def _serve(self) -> None:
+        """Answer the queue in order, waiting while earlier answers are not drained.
+
+        Ends when the queue is empty (the next item starts a new task) or the
+        connection closes. A handler is never cancelled by a disconnect.
+        """
+        try:
+            while self._pending and not self._closing:
+                if self._flow.write_paused:
+                    await self._flow.drained.wait()
+                    continue
+                item = self._pending.popleft()
+                if self._flow.read_paused:  # the queue has room again
+                    self._resume_parsing()
+                if isinstance(item, _Call):
+                    if not await self._answer(item):
+                        return
+                elif isinstance(item, _Refusal):
+                    self._write(encode_response(item.response, keep_alive=False))
+                    self._answered_last = True
+                    self._maybe_finish()
+                    return
+                else:
+                    self._write(_CONTINUE)
+            if self._eof and not self._closing and not self._owes_more():
+                self.close()
+        finally:
+            self._task = None
+
+    async def _answer(self, call: _Call) -> bool:
+        """Handle one request and write its answer; False when the connection is done."""
+        request = call.request
+        try:
+            response = await self._hooks.handler(request)
+        except Exception as exc:  # the API turns errors into answers; this is a guard
+            log.error("handler_crashed", path=request.path, error=repr(exc))
+            response = _internal_error()
+        finally:
+            self._state.budget.release(self, call.reserved)
+        if self._closing:
+            return False
+        try:
+            data = encode_response(response, keep_alive=request.keep_alive,
+                                   head=request.method == "HEAD")
+        except (UnicodeEncodeError, TypeError) as exc:  # a header HTTP cannot carry
+            log.error("response_unencodable", path=request.path, error=repr(exc))
+            data = encode_response(_internal_error(), keep_alive=request.keep_alive)
+        self._write(data)
+        if not request.keep_alive:
+            self._answered_last = True
+            self._maybe_finish()
+            return False
+        return True
+
+    def _write(self, data: bytes) -> None:
+        self._transport.write(data)
+        self.last_active = self._clock()
+        self._state.touch(self)
+
+    # -- deadlines and closing ------------------------------------------------------
+
+    def check_deadlines(self, now: float) -> Literal["stalled", "timed_out", "idle"] | None:
+        """Act on a passed deadline and say which; None when none has passed.
+
+        A connection whose answers have not drained for the idle timeout is dropped; a
+        request not whole within the request timeout (while it was being read) is
+        answered 408 after the answers before it; an idle connection is closed.
+        """
+        state, flow = self._state, self._flow
+        if flow.write_paused_at is not None and now - flow.write_paused_at > state.idle_timeout_s:
+            self.abort()
+            return "stalled"
+        if self._closing:
+            return None
+        if self._started_at is not None:
+            if flow.read_paused or now - self._started_at <= state.request_timeout_s:
+                return None
+            if self._discarding:  # its 413 is queued: stop reading the rest
+                self._end_parsing()
+            else:
+                self._refuse(_request_timeout(state.request_timeout_s))
+            return "timed_out"
+        idle_s = now - self.last_active
+        if not self.busy and not self._claim_waits and idle_s > state.idle_timeout_s:
+            self.close()
+            return "idle"
+        return None
+
+    def _owes_more(self) -> bool:
+        """Whether requests already received may still need answers."""
+        return self._claim_waits or bool(self._parked) or self._pos < len(self._buf)
 
     @property
     def busy(self) -> bool:
         """Whether a request is being answered or waits to be."""
-        return self._task is not None or bool(self._pending)
+        return self._task is not None or bool(self._pending) or bool(self._parked)
+
+    @property
+    def queued(self) -> int:
+        """Answers waiting in the queue."""
+        return len(self._pending)
+
+    @property
+    def write_buffer_bytes(self) -> int:
+        """Bytes written and not yet taken by the socket."""
+        return 0 if self._closing else self._transport.get_write_buffer_size()
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._flow.read_paused
+
+    @property
+    def writing_paused(self) -> bool:
+        return self._flow.write_paused
 
     def close(self) -> None:
-        """Close the connection now."""
+        """Close the connection once what is written has gone out."""
         self._closing = True
-        if self._transport is not None:
-            self._transport.close()
+        self._transport.close()
+
+    def abort(self) -> None:
+        """Close the connection now, dropping what is not written yet."""
+        self._closing = True
+        self._transport.abort()
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("connection_task_crashed", error=repr(exc))
 
 
 class HttpServer:
-    """Serves ``hooks`` on a listening socket until :meth:`close`."""
+    """Serves ``hooks`` on a listening socket until :meth:`close`.
 
-    def __init__(self, hooks: ServerHooks, *, idle_timeout_s: float = 75.0) -> None:
-        self._hooks = hooks
-        self._idle_timeout_s = idle_timeout_s
-        self._connections: set[HttpConnection] = set()
+    ``idle_timeout_s``: a keep-alive connection with nothing in progress, or one
+    whose answers are not read, is closed after this. ``request_timeout_s``: a
+    request's headers and body must arrive within this of its first byte (else 408).
+    ``max_connections``: open connections at most (see :meth:`ServerState.admit`).
+    ``max_buffered_bytes``: request bytes held across all connections (see
+    :class:`BufferBudget`).
+    """
+
+    def __init__(self, hooks: ServerHooks, *, idle_timeout_s: float = 75.0,
+                 request_timeout_s: float = 10.0, max_connections: int = 4096,
+                 max_buffered_bytes: int = 64 << 20) -> None:
+        if min(idle_timeout_s, request_timeout_s) <= 0 or max_connections < 1:
+            raise ValueError("timeouts must be positive and max_connections at least 1")
+        budget = BufferBudget(max_buffered_bytes,
+                               per_connection_bytes=2 * (hooks.max_body_bytes + MAX_HEADER_BYTES))
+        self._state = ServerState(hooks, idle_timeout_s=idle_timeout_s,
+                                   request_timeout_s=request_timeout_s,
+                                   max_connections=max_connections, budget=budget)
+        # Deadlines are checked often enough to be kept within a quarter of themselves.
+        self._reap_every_s = min(1.0, idle_timeout_s / 4, request_timeout_s / 4)
         self._server: asyncio.Server | None = None
         self._reaper: asyncio.TimerHandle | None = None
 
@@ -311,33 +729,68 @@ class HttpServer:
         """Accept connections on the bound, listening Unix socket ``sock``."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(
-            lambda: HttpConnection(self._hooks, self._connections), sock=sock, backlog=1024)
-        self._reaper = loop.call_later(self._idle_timeout_s / 4, self._reap_idle)
+            lambda: HttpConnection(self._state), sock=sock, backlog=1024)
+        self._reaper = loop.call_later(self._reap_every_s, self._reap)
 
-    def _reap_idle(self) -> None:
-        """Close connections that sent nothing and waited for nothing for the idle timeout."""
-        loop = asyncio.get_running_loop()
-        cutoff = loop.time() - self._idle_timeout_s
-        for conn in [c for c in self._connections if not c.busy and c.last_active < cutoff]:
-            conn.close()
-        self._reaper = loop.call_later(self._idle_timeout_s / 4, self._reap_idle)
+    def stats(self) -> dict[str, int]:
+        """A snapshot for metrics, all counts or bytes: ``connections`` open;
+        ``buffered_bytes`` claimed by requests now (``peak_buffered_bytes`` ever;
+        ``waiting_for_buffer``: connections whose claim waits); ``queued_answers``,
+        ``write_buffer_bytes``, ``reading_paused``, ``writing_paused`` summed over the
+        connections; and since start, connections ``evicted`` for newcomers, newcomers
+        ``refused`` (503), requests ``timed_out`` (408), and connections dropped as
+        ``stalled`` (answers unread)."""
+        state = self._state
+        conns = list(state.connections)
+        return {
+            "connections": len(conns),
+            "buffered_bytes": state.budget.used_bytes,
+            "peak_buffered_bytes": state.budget.peak_bytes,
+            "waiting_for_buffer": state.budget.waiting,
+            "queued_answers": sum(c.queued for c in conns),
+            "write_buffer_bytes": sum(c.write_buffer_bytes for c in conns),
+            "reading_paused": sum(c.reading_paused for c in conns),
+            "writing_paused": sum(c.writing_paused for c in conns),
+            "evicted": state.evicted,
+            "refused": state.refused,
+            "timed_out": state.timed_out,
+            "stalled": state.stalled,
+        }
+
+    def _reap(self) -> None:
+        """Act on passed deadlines: requests too slow (408), answers unread, idle connections."""
+        now = self._state.clock()
+        self._state.flush_log(now)
+        timed_out = stalled = 0
+        for conn in list(self._state.connections):
+            outcome = conn.check_deadlines(now)
+            timed_out += outcome == "timed_out"
+            stalled += outcome == "stalled"
+        if timed_out or stalled:
+            self._state.timed_out += timed_out
+            self._state.stalled += stalled
+            log.info("slow_clients_closed", timed_out=timed_out, stalled=stalled,
+                     open=len(self._state.connections))
+        self._reaper = asyncio.get_running_loop().call_later(self._reap_every_s, self._reap)
 
     async def close(self, grace_s: float = 2.0) -> None:
-        """Stop accepting, close idle connections, give busy ones ``grace_s`` to answer."""
+        """Stop accepting, close idle connections, give busy ones ``grace_s`` to answer;
+        then drop what is left, answers not yet read included."""
         if self._reaper is not None:
             self._reaper.cancel()
         if self._server is not None:
             self._server.close()
+        connections = self._state.connections
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while True:
-            for conn in [c for c in self._connections if not c.busy]:
+            for conn in [c for c in connections if not c.busy]:
                 conn.close()
-            if not self._connections or loop.time() >= deadline:
+            if not connections or loop.time() >= deadline:
                 break
             await asyncio.sleep(0.02)
-        for conn in list(self._connections):
-            conn.close()
+        for conn in list(connections):
+            conn.abort()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)

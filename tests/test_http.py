@@ -11,7 +11,7 @@ import json
 import shutil
 import socket
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -26,9 +26,11 @@ class Echo:
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
+        self.started: list[str] = []
         self.finished: list[str] = []
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
+        self.started.append(request.path)
         if request.path == "/slow":
             await self.release.wait()
         if request.path == "/bad-header":
@@ -50,24 +52,39 @@ def _hooks(echo: Echo) -> ServerHooks:
         max_body_bytes=LIMIT)
 
 
-async def _serve(path: Path, idle_timeout_s: float = 75.0) -> tuple[HttpServer, Echo]:
+async def _serve(path: Path, idle_timeout_s: float = 75.0,
+                 request_timeout_s: float = 10.0) -> tuple[HttpServer, Echo]:
     """An echo server listening on a new Unix socket at ``path``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
     sock.listen(64)
     echo = Echo()
-    server = HttpServer(_hooks(echo), idle_timeout_s=idle_timeout_s)
+    server = HttpServer(_hooks(echo), idle_timeout_s=idle_timeout_s,
+                        request_timeout_s=request_timeout_s)
     await server.start(sock)
     return server, echo
 
 
+async def _until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait (bounded) for state the server reaches on its own schedule."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
 @pytest.fixture
-async def served(short_tmp: Path) -> AsyncIterator[tuple[Path, Echo]]:
+async def serving(short_tmp: Path) -> AsyncIterator[tuple[Path, Echo, HttpServer]]:
     path = short_tmp / "h.sock"
     server, echo = await _serve(path)
-    yield path, echo
+    yield path, echo, server
     echo.release.set()
     await server.close(grace_s=1.0)
+
+
+@pytest.fixture
+def served(serving: tuple[Path, Echo, HttpServer]) -> tuple[Path, Echo]:
+    path, echo, _ = serving
+    return path, echo
 
 
 async def _exchange(path: Path, data: bytes, *, until_close: bool = True,
@@ -86,6 +103,16 @@ async def _exchange(path: Path, data: bytes, *, until_close: bool = True,
             out += chunk
     writer.close()
     return out
+
+
+async def _read_one(reader: asyncio.StreamReader) -> bytes:
+    """One whole response (head and Content-Length body), or an interim one."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    lower = head.lower()
+    if b"content-length:" not in lower:
+        return head
+    length = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
+    return head + await asyncio.wait_for(reader.readexactly(length), timeout=5)
 
 
 def _complete(data: bytes, responses: int) -> bool:
@@ -295,3 +322,151 @@ async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer
     answer = await asyncio.wait_for(reader.read(), timeout=3)
     writer.close()
     assert answer.startswith(b"HTTP/1.1 200")
+
+
+# -- answers go out in request order -------------------------------------------------
+
+
+async def _behind_slow(serving: tuple[Path, Echo, HttpServer], data: bytes,
+                       queued: int = 1) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Send ``GET /slow`` then ``data``; return once ``queued`` answers wait behind it."""
+    path, echo, server = serving
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n" + data)
+    await writer.drain()
+    await _until(lambda: echo.started == ["/slow"]
+                 and server.stats()["queued_answers"] >= queued)
+    return reader, writer
+
+
+async def test_a_413_waits_for_the_answer_to_an_earlier_pipelined_request(
+        serving: tuple[Path, Echo, HttpServer]) -> None:
+    """A refused body is answered after the request before it, then the connection closes."""
+    _, echo, _ = serving
+    big = (f"POST /big HTTP/1.1\r\nHost: c\r\nContent-Length: {LIMIT + 1}\r\n\r\n"
+           ).encode() + b"x" * (LIMIT + 1)
+    reader, writer = await _behind_slow(serving, big)
+    echo.release.set()
+    answers = _bodies(await asyncio.wait_for(reader.read(), timeout=5))
+    writer.close()
+    assert [status for status, _ in answers] == [200, 413]
+    assert answers[0][1]["path"] == "/slow"
+    assert echo.finished == ["/slow"]
+
+
+async def test_100_continue_waits_for_the_answer_to_an_earlier_pipelined_request(
+        serving: tuple[Path, Echo, HttpServer]) -> None:
+    """The interim answer never overtakes the final answer to an earlier request."""
+    _, echo, _ = serving
+    reader, writer = await _behind_slow(
+        serving, b"POST /e HTTP/1.1\r\nHost: c\r\nContent-Length: 3\r\n"
+                 b"Expect: 100-continue\r\nConnection: close\r\n\r\n")
+    echo.release.set()
+    first = await _read_one(reader)
+    interim = await _read_one(reader)
+    assert first.startswith(b"HTTP/1.1 200")
+    assert b'"path": "/slow"' in first
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"abc")
+    final = await asyncio.wait_for(reader.read(), timeout=5)
+    writer.close()
+    assert [(s, b["path"], b["body"]) for s, b in _bodies(final)] == [(200, "/e", "abc")]
+
+
+async def test_a_malformed_request_after_a_pipelined_one_is_answered_400_after_it(
+        serving: tuple[Path, Echo, HttpServer]) -> None:
+    """The 400 and the close wait for the answer the client is owed first."""
+    _, echo, _ = serving
+    reader, writer = await _behind_slow(serving, b"NOT HTTP AT ALL\r\n\r\n")
+    echo.release.set()
+    answers = _bodies(await asyncio.wait_for(reader.read(), timeout=5))
+    writer.close()
+    assert [status for status, _ in answers] == [200, 400]
+    assert answers[0][1]["path"] == "/slow"
+
+
+@pytest.mark.parametrize("after", [b"GET /b HTTP/1.1\r\nHost: c\r\n\r\n", b"NOT HTTP\r\n\r\n"])
+async def test_bytes_after_a_connection_close_request_are_dropped_not_answered(
+        serving: tuple[Path, Echo, HttpServer], after: bytes) -> None:
+    """The request marked close is answered; whatever follows it is ignored, not a 400."""
+    path, echo, _ = serving
+    echo.release.set()
+    data = (b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n"
+            b"GET /a HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n" + after)
+    answers = _bodies(await _exchange(path, data))
+    assert [(s, b["path"]) for s, b in answers] == [(200, "/slow"), (200, "/a")]
+    assert echo.finished == ["/slow", "/a"]
+
+
+async def test_pipelined_chunked_and_declared_bodies_are_answered_in_order(
+        served: tuple[Path, Echo]) -> None:
+    """A request right behind a chunked body (parsed in the same piece) keeps its place."""
+    path, _ = served
+    requests = b"".join(
+        (b"POST /c%d HTTP/1.1\r\nHost: c\r\nTransfer-Encoding: chunked\r\n\r\n"
+         b"2\r\n%02d\r\n0\r\n\r\n" % (i, i)) if i % 2 else
+        (b"POST /c%d HTTP/1.1\r\nHost: c\r\nContent-Length: 2\r\n\r\n%02d" % (i, i))
+        for i in range(40))
+    answers = _bodies(await _exchange(path, requests, until_close=False, responses=40))
+    assert [(b["path"], b["body"]) for _, b in answers] == [
+        (f"/c{i}", f"{i:02d}") for i in range(40)]
+
+
+# -- slow clients --------------------------------------------------------------------------
+
+
+async def test_a_request_that_does_not_arrive_in_time_is_answered_408_and_closed(
+        short_tmp: Path) -> None:
+    """Headers trickled past request_timeout_s get a problem+json 408 with Connection: close."""
+    path = short_tmp / "t.sock"
+    server, echo = await _serve(path, request_timeout_s=0.3)
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b"GET /late HTTP/1.1\r\nHost:")
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), timeout=5)  # read until the server closes
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    assert b"Connection: close" in head
+    assert b"application/problem+json" in head
+    assert json.loads(body)["status"] == 408
+    assert echo.started == []
+    assert server.stats()["timed_out"] == 1
+    await server.close(grace_s=1.0)
+
+
+async def test_a_slow_request_behind_a_busy_one_gets_its_408_after_the_first_answer(
+        short_tmp: Path) -> None:
+    """The 408 for a trickled request queues behind the answer owed before it."""
+    path = short_tmp / "t.sock"
+    server, echo = await _serve(path, request_timeout_s=0.3)
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\nGET /late HTTP/1.1\r\n")
+    await writer.drain()
+    await _until(lambda: server.stats()["timed_out"] == 1)
+    echo.release.set()
+    answers = _bodies(await asyncio.wait_for(reader.read(), timeout=5))
+    writer.close()
+    assert [status for status, _ in answers] == [200, 408]
+    assert answers[0][1]["path"] == "/slow"
+    await server.close(grace_s=1.0)
+
+
+async def test_an_idle_keep_alive_connection_outlives_the_request_timeout(
+        short_tmp: Path) -> None:
+    """Between requests only idle_timeout_s applies; request_timeout_s is for requests."""
+    path = short_tmp / "t.sock"
+    server, _ = await _serve(path, request_timeout_s=0.3)
+    idle_reader, idle_writer = await asyncio.open_unix_connection(str(path))
+    idle_writer.write(b"GET /one HTTP/1.1\r\nHost: c\r\n\r\n")
+    assert (await _read_one(idle_reader)).startswith(b"HTTP/1.1 200")
+    # A trickling client, started after, is timed out: the idle one has been
+    # silent longer than the request timeout by then.
+    slow_reader, slow_writer = await asyncio.open_unix_connection(str(path))
+    slow_writer.write(b"GET /late HTTP/1.1\r\n")
+    assert (await asyncio.wait_for(slow_reader.read(), timeout=5)).startswith(b"HTTP/1.1 408")
+    idle_writer.write(b"GET /two HTTP/1.1\r\nHost: c\r\n\r\n")
+    assert b'"path": "/two"' in await _read_one(idle_reader)
+    idle_writer.close()
+    slow_writer.close()
+    await server.close(grace_s=1.0)
