@@ -4,7 +4,16 @@
 
     CapdError
     └── RecoveryError
-        └── UnknownTool        a recheck named a tool no capability declares
+        ├── UnknownTool              a recheck named a tool no capability declares
+        └── QueueError               the durable retry queue (defined in ``_queue``)
+            ├── QueueStorageError    the file cannot be used: permissions, pragmas, I/O
+            │   ├── QueueCorrupt     not a healthy capd queue (empty, foreign, damaged);
+            │   │                    permanent until an operator moves it aside
+            │   └── QueueFull        the disk is full; transient, writes resume with space
+            ├── QueueClosed          closed on purpose; nothing more is accepted
+            ├── IdempotencyConflict  the key is used by a job with other parameters
+            ├── UnknownJob           no job has that id
+            └── InvalidTransition    the operator action does not apply to the job's state
 """
 
 from __future__ import annotations

@@ -16,15 +16,27 @@ Job states::
 
 Claiming bumps a fencing counter; completing is conditional on it, so a
 worker whose lease was taken over cannot complete the job.
+
+The file is only ever initialised by capd itself: a new queue is created and
+migrated under a temporary name beside it and hard-linked into place, which
+never replaces a file. Anything already at the path (an empty file, another
+database, garbage) is refused with :class:`QueueCorrupt` and left as it is.
+
+Storage failures are translated at this boundary: a full disk is
+:class:`QueueFull` (the queue keeps serving reads and accepts writes again
+once there is room), anything else :class:`QueueStorageError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import os
 import random
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +118,14 @@ class QueueStorageError(QueueError):
 
 class QueueCorrupt(QueueStorageError):
     """The queue file is not a healthy capd queue. It is never replaced silently."""
+
+
+class QueueFull(QueueStorageError):
+    """The queue's filesystem is full (SQLITE_FULL, ENOSPC, EDQUOT).
+
+    Transient: nothing was written, reads still work, and writes succeed again
+    once space is freed, without a restart.
+    """
 
 
 class QueueClosed(QueueError):
@@ -225,6 +245,101 @@ def _row_to_job(row: sqlite3.Row) -> Job:
     return Job.model_validate(data)
 
 
+def _is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        return "database or disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _storage_error(path: Path, failed: str, exc: BaseException) -> QueueStorageError:
+    """Translate ``exc`` from SQLite or the OS; ``failed`` reads "could not commit to" and the like.
+
+    The caller raises the result ``from exc``.
+    """
+    if _is_disk_full(exc):
+        return QueueFull(f"disk full: {failed} the queue {path} ({exc}); free space on its "
+                         "filesystem — capd retries by itself, nothing needs restarting")
+    return QueueStorageError(f"{failed} the queue {path}: {exc}")
+
+
+def _open_error(path: Path, exc: sqlite3.Error) -> QueueStorageError:
+    """Tell a file that is not a database (or a damaged one) from one that cannot be used now."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return QueueCorrupt(f"{path} is not a readable capd queue ({exc}); move it aside and "
+                            "inspect it — capd never replaces it")
+    return _storage_error(path, "cannot open", exc)
+
+
+def _uri(path: Path, mode: Literal["rw", "rwc"]) -> str:
+    # mode=rw never creates a file: only _create_queue_file may bring one into being.
+    return f"{path.absolute().as_uri()}?mode={mode}"
+
+
+def _queue_file_exists(path: Path) -> bool:
+    """False when nothing is at ``path``; raise :class:`QueueCorrupt` for what cannot be a queue."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise _storage_error(path, "cannot look at", exc) from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise QueueCorrupt(f"{path} is not a regular file: not a capd queue; move it aside "
+                           "(capd never replaces it) and start capd again to create a new queue")
+    if info.st_size == 0:
+        wal = path.with_name(path.name + "-wal")
+        hint = ""
+        with contextlib.suppress(OSError):
+            if wal.stat().st_size > 0:
+                hint = f"; {wal} beside it is not empty and may hold jobs: keep the two together"
+        raise QueueCorrupt(
+            f"{path} is empty: not a capd queue; move it aside (capd never replaces it), restore "
+            f"it from a backup if it held jobs, or start capd again to create a new queue{hint}")
+    return True
+
+
+def _discard_temporary(tmp: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{tmp}{suffix}")
+
+
+def _install(tmp: Path, path: Path) -> bool:
+    """Hard-link the finished ``tmp`` to ``path`` unless something is there; False if it was.
+
+    ``tmp`` is gone afterwards either way. The folder is fsynced so the new
+    name survives a power cut.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(f"{tmp}-wal").st_size > 0:  # only the main file is linked: it must be whole
+            raise QueueStorageError(f"cannot create the queue {path}: the new file's WAL was "
+                                    "not folded into it when it was closed")
+    try:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # unlike rename, link never replaces what is at path
+        except FileExistsError:
+            return False
+        finally:
+            _discard_temporary(tmp)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        raise _storage_error(path, "could not put in place", exc) from exc
+    return True
+
+
 def _params_text(params: dict[str, Any]) -> str:
     try:
         return orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()
@@ -265,6 +380,18 @@ class RetryQueue:
         self.batched_jobs = 0
         self._id_prefix = os.urandom(3).hex()
         self._id_counter = 0
+        self._write_error: str | None = None
+        self._write_error_at: float | None = None
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the last group commit failed (``"disk full: …"`` if so); None once one succeeds."""
+        return self._write_error
+
+    @property
+    def write_error_at(self) -> float | None:
+        """When (by the queue's clock) the last group commit failed; None while writes succeed."""
+        return self._write_error_at
 
     def _new_id(self) -> str:
         # Time-ordered ids: new rows append to the primary-key B-tree instead of
@@ -289,17 +416,30 @@ class RetryQueue:
     ) -> RetryQueue:
         """Open (creating or migrating) the queue at ``path`` and start its writer.
 
-        Raises :class:`QueueCorrupt` for a file that is not a healthy queue and
+        When nothing is at ``path``, a new queue is built beside it and linked
+        into place (see :meth:`_create_queue_file`). Raises
+        :class:`QueueCorrupt` for a file that is not a healthy capd queue (an
+        empty file included), :class:`QueueFull` when the disk is full, and
         :class:`QueueStorageError` when it cannot be opened or a pragma did not
-        take. Neither ever replaces the file.
+        take. None of them ever replaces the file.
         """
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            db = await aiosqlite.connect(str(path), isolation_level=None)
+            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _storage_error(path, "cannot create the folder of", exc) from exc
+        if not await asyncio.to_thread(_queue_file_exists, path):
+            await cls._create_queue_file(path, busy_timeout_ms)
+            # Ours, or one another process linked first: the same checks either way.
+            if not await asyncio.to_thread(_queue_file_exists, path):
+                raise QueueStorageError(f"the queue {path} vanished as soon as it was created; "
+                                        "is something else cleaning the state directory?")
+        try:
+            db = await aiosqlite.connect(_uri(path, "rw"), uri=True, isolation_level=None)
         except (sqlite3.Error, OSError) as exc:
-            raise QueueStorageError(f"cannot open the queue {path}: {exc}") from exc
+            raise _storage_error(path, "cannot open", exc) from exc
         db.row_factory = sqlite3.Row
         try:
+            await cls._inspect(db, path)  # reads only: a foreign file is refused untouched
             await cls._configure(db, path, synchronous, busy_timeout_ms)
             await cls._migrate(db, path)
         except BaseException:
@@ -317,12 +457,6 @@ class RetryQueue:
         wanted = {"journal_mode": "wal", "synchronous": {"FULL": 2, "NORMAL": 1}[synchronous],
                   "busy_timeout": busy_timeout_ms, "foreign_keys": 1}
         try:
-            check = await (await db.execute("PRAGMA quick_check")).fetchone()
-            if check is None or check[0] != "ok":
-                raise QueueCorrupt(
-                    f"the queue {path} failed its integrity check ({check[0] if check else '?'});"
-                    " move it aside and inspect it with sqlite3 — capd never replaces it"
-                )
             await db.execute("PRAGMA journal_mode = WAL")
             await db.execute(f"PRAGMA synchronous = {synchronous}")
             await db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
@@ -331,11 +465,8 @@ class RetryQueue:
             for name in wanted:
                 row = await (await db.execute(f"PRAGMA {name}")).fetchone()
                 actual[name] = row[0] if row else None
-        except sqlite3.DatabaseError as exc:
-            raise QueueCorrupt(
-                f"{path} is not a readable capd queue ({exc}); move it aside and inspect it — "
-                "capd never replaces it"
-            ) from exc
+        except sqlite3.Error as exc:
+            raise _open_error(path, exc) from exc
         if str(actual["journal_mode"]).lower() != "wal":
             raise QueueStorageError(
                 f"the queue {path} could not switch to WAL (journal_mode is "
@@ -347,26 +478,111 @@ class RetryQueue:
                     f"the queue {path}: PRAGMA {name} is {actual[name]}, expected {wanted[name]}"
                 )
 
+    @classmethod
+    async def _create_queue_file(cls, path: Path, busy_timeout_ms: int) -> None:
+        """Build a migrated queue under a temporary name beside ``path``, then link it there.
+
+        Nothing at ``path`` is ever replaced: when another process linked a
+        queue first, ours is dropped and the caller opens theirs. Closing the
+        temporary database before the link checkpoints its WAL into the main
+        file, so the one file linked holds the whole schema. On any failure
+        the temporary files are removed.
+        """
+        tmp = path.with_name(f"{path.name}.init-{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            try:
+                db = await aiosqlite.connect(_uri(tmp, "rwc"), uri=True, isolation_level=None)
+            except (sqlite3.Error, OSError) as exc:
+                raise _storage_error(path, "cannot create", exc) from exc
+            try:
+                # Messages name the path the operator knows, not the temporary one.
+                await cls._configure(db, path, "FULL", busy_timeout_ms)
+                await cls._migrate(db, path)
+                try:
+                    row = await (await db.execute("PRAGMA wal_checkpoint(TRUNCATE)")).fetchone()
+                except sqlite3.Error as exc:
+                    raise _storage_error(path, "cannot create", exc) from exc
+                if row is None or row[0] != 0:
+                    raise QueueStorageError(f"cannot create the queue {path}: the new file's "
+                                            "WAL could not be checkpointed")
+            finally:
+                await db.close()
+            installed = await asyncio.to_thread(_install, tmp, path)
+        except BaseException:
+            # A few unlinks, done here and now: a second cancellation must not skip them.
+            _discard_temporary(tmp)
+            raise
+        if installed:
+            log.info("queue_created", path=str(path), version=SCHEMA_VERSION)
+        else:
+            log.info("queue_created_elsewhere", path=str(path))
+
     @staticmethod
-    async def _migrate(db: aiosqlite.Connection, path: Path) -> None:
-        row = await (await db.execute("PRAGMA user_version")).fetchone()
+    async def _inspect(db: aiosqlite.Connection, path: Path) -> None:
+        """Refuse an existing file that is not a healthy capd queue, without writing to it.
+
+        Only a file being created by :meth:`_create_queue_file` may start from
+        schema version 0; an existing one at version 0, or one that claims a
+        version but lacks the tables, is not a capd queue. A version newer than
+        this capd knows is left for that capd (:class:`QueueStorageError`).
+        """
+        try:
+            check = await (await db.execute("PRAGMA quick_check")).fetchone()
+            row = await (await db.execute("PRAGMA user_version")).fetchone()
+            tables = await (await db.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+                " AND name IN ('jobs', 'attempts')")).fetchone()
+        except sqlite3.Error as exc:
+            raise _open_error(path, exc) from exc
+        if check is None or check[0] != "ok":
+            raise QueueCorrupt(
+                f"the queue {path} failed its integrity check ({check[0] if check else '?'});"
+                " move it aside and inspect it with sqlite3 — capd never replaces it"
+            )
         version = int(row[0]) if row else 0
         if version > SCHEMA_VERSION:
             raise QueueStorageError(
                 f"the queue {path} has schema version {version}, newer than this capd "
                 f"understands ({SCHEMA_VERSION}); upgrade capd"
             )
+        if version == 0:
+            raise QueueCorrupt(
+                f"{path} is a SQLite database but not a capd queue (it has no capd schema); "
+                "move it aside (capd never replaces it) and start capd again to create a new "
+                "queue")
+        if tables is None or tables[0] != 2:
+            raise QueueCorrupt(
+                f"{path} says it is capd queue schema version {version} but lacks its tables; "
+                "move it aside and inspect it — capd never replaces it")
+
+    @staticmethod
+    async def _migrate(db: aiosqlite.Connection, path: Path) -> None:
+        """Bring the schema to :data:`SCHEMA_VERSION`.
+
+        Runs after :meth:`_inspect` (an existing file) or on a file being
+        created, the only one that may start from version 0.
+        """
+        try:
+            row = await (await db.execute("PRAGMA user_version")).fetchone()
+        except sqlite3.Error as exc:
+            raise _open_error(path, exc) from exc
+        version = int(row[0]) if row else 0
         for target in range(version + 1, SCHEMA_VERSION + 1):
-            await db.execute("BEGIN IMMEDIATE")
             try:
-                for statement in MIGRATIONS[target].split(";"):
-                    if statement.strip():
-                        await db.execute(statement)
-                await db.execute(f"PRAGMA user_version = {target}")
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
+                await db.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in MIGRATIONS[target].split(";"):
+                        if statement.strip():
+                            await db.execute(statement)
+                    await db.execute(f"PRAGMA user_version = {target}")
+                    await db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                        with contextlib.suppress(sqlite3.Error):
+                            await db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise _storage_error(path, "could not migrate", exc) from exc
             log.info("queue_migrated", path=str(path), version=target)
 
     async def close(self) -> None:
@@ -453,17 +669,24 @@ class RetryQueue:
         try:
             await self._in_db_thread(commit_and_settle)
         except Exception as exc:  # every caller of the batch must hear of it; none may hang
-            error = QueueStorageError(f"could not commit to the queue {self.path}: {exc}")
-            log.error("queue_commit_failed", error=repr(exc), operations=len(batch))
+            message = str(_storage_error(self.path, "could not commit to", exc))
+            self._write_error, self._write_error_at = message, self._clock()
+            log.error("queue_commit_failed", error=repr(exc), disk_full=_is_disk_full(exc),
+                      operations=len(batch))
             for item in batch:
                 if not item.future.done():
+                    # One exception object per caller: each raise adds to its own traceback.
+                    error = _storage_error(self.path, "could not commit to", exc)
+                    error.__cause__ = exc
                     item.future.set_exception(error)
-            return
 
     def _settle(self, batch: Sequence[_Pending], results: Sequence[Any]) -> None:
         """Answer each operation of a committed batch (on the event loop)."""
         self.batches += 1
         self.batched_jobs += len(batch)
+        if self._write_error is not None:
+            log.info("queue_writable_again", path=str(self.path), failed_at=self._write_error_at)
+            self._write_error = self._write_error_at = None
         for item, outcome in zip(batch, results, strict=True):
             if item.future.done():
                 continue
@@ -478,7 +701,8 @@ class RetryQueue:
 
         An operation that refuses (a :class:`QueueError` such as an idempotency
         conflict) raises before it writes anything, so it is answered alone
-        and the others still commit. Any database error rolls back the batch.
+        and the others still commit. Any database error rolls back the batch
+        and is raised as it came, whether or not SQLite had rolled back itself.
         """
         db.execute("BEGIN IMMEDIATE")
         results: list[Any] = []
@@ -490,7 +714,11 @@ class RetryQueue:
                     results.append(exc)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # After SQLITE_FULL or SQLITE_IOERR SQLite may have rolled back already; a
+            # ROLLBACK then fails ("no transaction is active") and would hide the cause.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
         return results
 
@@ -520,7 +748,7 @@ class RetryQueue:
         try:
             return await self._in_db_thread(lambda conn: conn.execute(sql, args).fetchall())
         except (sqlite3.Error, OSError) as exc:
-            raise QueueStorageError(f"the queue {self.path} failed: {exc}") from exc
+            raise _storage_error(self.path, "could not read", exc) from exc
 
     def _audit(self, db: sqlite3.Connection, job_id: str, kind: str, fence: int | None,
                outcome: str | None, detail: str | None) -> None:
@@ -665,18 +893,32 @@ class RetryQueue:
         return await self._finish(job, "needs_operator", None, reason, error_class, reason,
                                   "park")
 
+    async def postpone(self, job: Job, *, run_at: float, detail: str) -> bool:
+        """Put a claimed ``job`` back to pending until ``run_at``, refunding its claim's attempt.
+
+        For a job that must not run yet: an earlier attempt of it is still
+        running in this process, so it can be neither verified nor replayed.
+        The claim counted an attempt that was never made, so ``attempts``
+        goes back down by one; the fence stays bumped. Returns False (and
+        audits ``stale_worker``) when this worker's fence no longer holds.
+        """
+        return await self._finish(job, "pending", run_at, None, None, detail, "postpone",
+                                  refund_attempt=True)
+
     async def _finish(self, job: Job, state: JobState, next_run: float | None,
                       error: str | None, error_class: str | None, detail: str | None,
-                      kind: str) -> bool:
+                      kind: str, *, refund_attempt: bool = False) -> bool:
         now = self._clock()
 
         def work(db: sqlite3.Connection) -> bool:
             cursor = db.execute(
                 "UPDATE jobs SET state = ?, lease_until = NULL,"
                 " next_run_at = coalesce(?, next_run_at), last_error = coalesce(?, last_error),"
-                " error_class = coalesce(?, error_class), updated_at = ?"
+                " error_class = coalesce(?, error_class), updated_at = ?,"
+                " attempts = max(attempts - ?, 0)"
                 " WHERE id = ? AND fence = ? AND state = 'leased'",
-                (state, next_run, error, error_class, now, job.id, job.fence))
+                (state, next_run, error, error_class, now, int(refund_attempt), job.id,
+                 job.fence))
             if cursor.rowcount != 1:
                 self._audit(db, job.id, "stale_worker", job.fence, "rejected",
                                   f"{kind} to {state} refused: fence {job.fence} no longer holds")

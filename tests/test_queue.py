@@ -252,18 +252,20 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         await RetryQueue.open(path)
 
 
-async def test_migration_upgrades_an_empty_file_in_place(tmp_path: Path) -> None:
-    """A version-0 file (empty database) is migrated to the current schema, keeping its data."""
+async def test_a_sqlite_file_without_the_capd_schema_is_refused_untouched(
+        tmp_path: Path) -> None:
+    """A version-0 SQLite file capd did not create is refused, never migrated in place."""
     path = tmp_path / "q.db"
     with sqlite3.connect(path) as raw:
         raw.execute("CREATE TABLE keep_me (x)")
         raw.execute("INSERT INTO keep_me VALUES (42)")
-    q = await RetryQueue.open(path)
-    await q.close()
+    before = path.read_bytes()
+    with pytest.raises(QueueCorrupt, match=r"not a capd queue.*move it aside \(capd never"):
+        await RetryQueue.open(path)
+    assert path.read_bytes() == before
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        assert raw.execute("SELECT x FROM keep_me").fetchone() == (42,)
-        assert raw.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 0
+        assert raw.execute("SELECT name FROM sqlite_master WHERE name = 'jobs'").fetchone() is None
 
 
 async def test_partial_completion_and_its_operator_retry(queue: RetryQueue) -> None:
