@@ -4,6 +4,9 @@ There is no module-level registry. A build returns a :class:`Registry`; the
 daemon holds one and swaps it whole on reload. Between reloads, the recovery
 layer moves capabilities between live and disabled *in place* through
 :meth:`Registry.record_probe` and :meth:`Registry.mark_tool_down`.
+
+Every lookup by name also takes one of the capability's ``aliases``; what it
+returns is the capability itself, so results and logs carry the canonical name.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class Registry:
     ) -> None:
         self._clock = clock
         self._all: dict[str, Capability] = {}
+        # alias -> canonical name; a build refuses clashing aliases before they get here.
+        self._aliases: dict[str, str] = {}
         self._live: dict[str, Capability] = {}
         self._disabled: dict[str, DisabledEntry] = {}
         self._tools = dict(tools)
@@ -80,30 +85,53 @@ class Registry:
             if cap.name in self._all:
                 raise ValueError(f"duplicate capability {cap.name!r}")
             self._all[cap.name] = cap
+            for alias in cap.aliases:
+                if alias in self._aliases and self._aliases[alias] != cap.name:
+                    raise ValueError(f"alias {alias!r} of {cap.name!r} is already an alias of "
+                                     f"{self._aliases[alias]!r}")
+                self._aliases[alias] = cap.name
             for tool in cap.requires:
                 self._by_tool.setdefault(tool, set()).add(cap.name)
             self._place(cap)
+        for alias, owner in self._aliases.items():
+            if alias in self._all and alias != owner:
+                raise ValueError(f"alias {alias!r} of {owner!r} is the name of another capability")
 
     # ----------------------------------------------------------------- lookups
 
+    def resolve(self, name: str) -> str:
+        """Return the canonical name of ``name`` (itself, or the capability it is an alias of).
+
+        Raises :class:`UnknownCapability`, with close names and aliases as suggestions.
+        """
+        if name in self._all:
+            return name
+        canonical = self._aliases.get(name)
+        if canonical is not None:
+            return canonical
+        known = [*self._all, *self._aliases]
+        raise UnknownCapability(name, difflib.get_close_matches(name, known, n=3, cutoff=0.6))
+
     def get(self, name: str) -> Capability:
-        """Return the capability ``name``, live or disabled; raise :class:`UnknownCapability`."""
-        try:
-            return self._all[name]
-        except KeyError:
-            raise UnknownCapability(
-                name, difflib.get_close_matches(name, list(self._all), n=3, cutoff=0.6)
-            ) from None
+        """Return the capability ``name`` (or aliased ``name``), live or disabled.
+
+        Raises :class:`UnknownCapability`.
+        """
+        return self._all[self.resolve(name)]
 
     def is_live(self, name: str) -> bool:
-        """Whether ``name`` is live (False for disabled; raises for unknown)."""
-        self.get(name)
-        return name in self._live
+        """Whether ``name`` (or the capability it aliases) is live; False for disabled.
+
+        Raises :class:`UnknownCapability`.
+        """
+        return self.resolve(name) in self._live
 
     def disabled_entry(self, name: str) -> DisabledEntry | None:
-        """Return the disabled entry of ``name``, or None when it is live."""
-        self.get(name)
-        return self._disabled.get(name)
+        """Return the disabled entry of ``name`` (or the capability it aliases); None when live.
+
+        Raises :class:`UnknownCapability`.
+        """
+        return self._disabled.get(self.resolve(name))
 
     def tool_spec(self, tool: str) -> ToolSpec:
         """Return the spec of ``tool``; raise KeyError when it is not declared."""
@@ -134,7 +162,8 @@ class Registry:
         return frozenset(t for entry in self._disabled.values() for t in entry.missing)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._all
+        """Whether ``name`` is a capability's name or one of its aliases."""
+        return name in self._all or name in self._aliases
 
     def __len__(self) -> int:
         return len(self._all)

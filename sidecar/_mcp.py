@@ -10,7 +10,9 @@ is disabled or restored.
 
 The daemon may be down: each tool then answers with ``is_error`` and a clear
 sentence, and the next call reconnects by itself. A profile limits every
-tool to the capabilities (or tags) it names.
+tool to the capabilities (or tags) it names. A capability may be named, by the
+profile or by the agent, through one of its aliases: the daemon resolves the
+alias, and the profile is checked against the capability it resolved to.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import anyio
@@ -44,15 +47,22 @@ class DaemonDown(Exception):
 
 @dataclass(frozen=True)
 class Profile:
-    """The capabilities (by id or tag) one agent may see and call."""
+    """The capabilities (by id, alias or tag) one agent may see and call."""
 
     name: str
     capabilities: frozenset[str] = frozenset()
     tags: frozenset[str] = frozenset()
 
-    def allows(self, name: str, tags: list[str] | tuple[str, ...]) -> bool:
-        """Whether the capability ``name`` (with ``tags``) is in the profile."""
-        return name in self.capabilities or bool(self.tags & set(tags))
+    def allows(self, name: str, tags: list[str] | tuple[str, ...],
+               aliases: list[str] | tuple[str, ...] = ()) -> bool:
+        """Whether the capability ``name`` (with ``tags`` and ``aliases``) is in the profile.
+
+        ``name`` must be the canonical name the daemon answered with, never
+        what the agent typed: an alias is admitted only as the capability it
+        belongs to.
+        """
+        return (name in self.capabilities or not self.capabilities.isdisjoint(aliases)
+                or bool(self.tags & set(tags)))
 
 
 def load_profile(path: Path) -> Profile:
@@ -147,14 +157,21 @@ class Bridge:
         return [c for c in caps if self._allowed(c)]
 
     def _allowed(self, capsule: dict[str, Any]) -> bool:
-        return self.profile is None or self.profile.allows(capsule["name"], capsule["tags"])
+        return self.profile is None or self.profile.allows(
+            capsule["name"], capsule["tags"], capsule.get("aliases", []))
 
-    async def _check_allowed(self, name: str) -> types.CallToolResult | None:
+    async def _check_allowed(self, name: str) -> str | types.CallToolResult:
+        """Return the name to call ``name`` by, or the refusal when the profile excludes it.
+
+        With a profile, ``name`` (perhaps an alias) is resolved by the daemon and
+        the capability it resolves to is checked, and that canonical name is
+        returned, so the call reaches exactly the capability that was checked.
+        """
         if self.profile is None:
-            return None
-        status, body = await self.link.request("GET", f"/capabilities/{name}")
-        if status == 200 and self.profile.allows(name, body.get("tags", [])):
-            return None
+            return name
+        status, body = await self.link.request("GET", f"/capabilities/{quote(name, safe='')}")
+        if status == 200 and isinstance(body, dict) and self._allowed(body):
+            return str(body["name"])
         return _text(f"capability {name!r} is not in this agent's profile "
                      f"({self.profile.name})", is_error=True)
 
@@ -164,7 +181,8 @@ class Bridge:
             return
         status, body = await self.link.request("GET", "/capabilities",
                                                query={"limit": "100000"})
-        known = {c["name"] for c in body["capabilities"]} if status == 200 else set()
+        known = ({n for c in body["capabilities"] for n in (c["name"], *c.get("aliases", []))}
+                 if status == 200 else set())
         unknown = sorted(self.profile.capabilities - known)
         if unknown:
             raise ConfigError(f"profile {self.profile.name}: unknown capability "
@@ -232,13 +250,13 @@ class Bridge:
             return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
                                       arguments.get("idempotency_key"))
         if name == "get_capability":
-            refused = await self._check_allowed(str(arguments["id"]))
-            if refused is not None:
-                return refused
+            checked = await self._check_allowed(str(arguments["id"]))
+            if isinstance(checked, types.CallToolResult):
+                return checked
         row = _ROWS[name]
         path = row.path
         for arg, param in spec.path.items():
-            path = path.replace("{" + param + "}", str(arguments[arg]))
+            path = path.replace("{" + param + "}", quote(str(arguments[arg]), safe=""))
         query: dict[str, str] = {}
         for arg, key in spec.query.items():
             if arg in arguments and arguments[arg] is not None:
@@ -274,12 +292,12 @@ class Bridge:
                       "next_cursor": str(offset + limit) if more else None}, is_error=False)
 
     async def _invoke(self, name: str, arguments: Any, key: Any) -> types.CallToolResult:
-        refused = await self._check_allowed(name)
-        if refused is not None:
-            return refused
+        checked = await self._check_allowed(name)
+        if isinstance(checked, types.CallToolResult):
+            return checked
         headers = {"Idempotency-Key": str(key)} if key else None
-        status, body = await self.link.request("POST", f"/call/{name}", body=arguments,
-                                               headers=headers)
+        status, body = await self.link.request("POST", f"/call/{quote(checked, safe='')}",
+                                               body=arguments, headers=headers)
         if isinstance(body, dict) and "status" in body and "capability" in body:
             failed = body["status"] not in ("success", "partial") and not body.get("queued")
             return _text(body, is_error=failed)
