@@ -1,6 +1,7 @@
 """capd's recovery layer: re-probes with cooldown, the durable retry queue, effect verification."""
 
-from ._calls import CallKind, CallOutcome, apply_passive_health, call_capability
+from ._attempts import RunningAttempts
+from ._calls import CallKind, CallOutcome, apply_passive_health, call_capability, classify_error
 from ._effects import (
     EffectCheck,
     EffectStatus,
@@ -23,6 +24,7 @@ from ._queue import (
     QueueClosed,
     QueueCorrupt,
     QueueError,
+    QueueFull,
     QueueStats,
     QueueStorageError,
     RetryQueue,
@@ -56,6 +58,7 @@ __all__ = [
     "QueueClosed",
     "QueueCorrupt",
     "QueueError",
+    "QueueFull",
     "QueueStats",
     "QueueStorageError",
     "RecheckStats",
@@ -63,6 +66,7 @@ __all__ = [
     "RecoveryError",
     "RetryQueue",
     "RetrySweep",
+    "RunningAttempts",
     "ToolRecheck",
     "UnknownJob",
     "UnknownTool",
@@ -71,6 +75,7 @@ __all__ = [
     "apply_passive_health",
     "call_capability",
     "check_effect",
+    "classify_error",
     "combine",
     "default_state_dir",
     "verify_post_write_effects",

@@ -66,6 +66,11 @@ class deadline:
     def __init__(self, delay_s: float) -> None:
         self._delay = delay_s
 
+    @property
+    def expired(self) -> bool:
+        """Whether this deadline fired (a TimeoutError from inside the block did not)."""
+        return self._entry.expired
+
     async def __aenter__(self) -> None:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()

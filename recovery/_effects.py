@@ -1,7 +1,8 @@
 """Verifying a mutating call's declared effects: did the write land?
 
 Each effect is checked with the call's parameters (and the capability's
-options) substituted into it. Each check answers ``present``, ``absent`` or
+options, which win: a caller never chooses what verification reads)
+substituted into it. Each check answers ``present``, ``absent`` or
 ``unknown`` (it could not decide: a timeout, a 5xx, a permission error). The
 walk combines them:
 
@@ -19,7 +20,9 @@ import inspect
 import os
 import re
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import aiohttp
@@ -75,9 +78,9 @@ def combine(statuses: list[EffectStatus]) -> Verdict:
     return "partial"
 
 
-def _read_text(path: str) -> str | None:
+def _read_bytes(path: str) -> bytes | None:
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, "rb") as handle:
             return handle.read()
     except FileNotFoundError:
         return None
@@ -85,18 +88,21 @@ def _read_text(path: str) -> str | None:
 
 async def _file_contains(effect: FileContainsEffect, values: Mapping[str, Any]) -> EffectCheck:
     path = render(effect.path, values)
-    text = await asyncio.to_thread(_read_text, path)
-    if text is None:
+    data = await asyncio.to_thread(_read_bytes, path)
+    if data is None:
         return EffectCheck(effect.kind, "absent", f"{path} does not exist")
+    # Bytes exactly as written, lines ended by "\n" only: a line holding "\r", "\x0b",
+    # "\x85" or "\u2028" is one line here, as it was when the op wrote it.
     if effect.line is not None:
         line = render(effect.line, values)
-        found = line in text.splitlines()
+        found = line.encode("utf-8", "surrogateescape") in data.split(b"\n")
         what = f"line {line!r}"
     else:
         assert effect.regex is not None
         # Substituted values are escaped: a parameter is matched literally.
         escaped = {k: re.escape(str(v)) for k, v in values.items()}
         pattern = render(effect.regex, escaped)
+        text = data.decode("utf-8", "surrogateescape")
         found = re.search(pattern, text, re.MULTILINE) is not None
         what = f"pattern {pattern!r}"
     return EffectCheck(effect.kind, "present" if found else "absent",
@@ -167,14 +173,18 @@ async def _command(effect: CommandEffect, values: Mapping[str, Any]) -> EffectCh
     return EffectCheck(effect.kind, status, f"{' '.join(argv)!r} exited {code}")
 
 
-async def _op(effect: OpEffect, params: BaseModel, cap: Capability, ops: OpTable
-              ) -> EffectCheck:
+async def _op(effect: OpEffect, params: BaseModel, cap: Capability, ops: OpTable,
+              executor: Executor | None) -> EffectCheck:
     spec = ops.ops.get(effect.op)
     if spec is None:
         return EffectCheck(effect.kind, "unknown", f"verify op {effect.op!r} is not registered")
-    outcome = spec.func(params, **cap.options)
-    if inspect.isawaitable(outcome):
-        outcome = await outcome
+    if inspect.iscoroutinefunction(spec.func):
+        outcome = await spec.func(params, **cap.options)
+    else:  # a plain verifier runs off the loop; the effect's timeout still holds
+        outcome = await asyncio.get_running_loop().run_in_executor(
+            executor, partial(spec.func, params, **cap.options))
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
     if outcome is None:
         return EffectCheck(effect.kind, "unknown", f"{effect.op} could not decide")
     return EffectCheck(effect.kind, "present" if outcome else "absent",
@@ -182,10 +192,14 @@ async def _op(effect: OpEffect, params: BaseModel, cap: Capability, ops: OpTable
 
 
 async def check_effect(
-    effect: EffectSpec, cap: Capability, params: BaseModel, ops: OpTable
+    effect: EffectSpec, cap: Capability, params: BaseModel, ops: OpTable,
+    executor: Executor | None = None,
 ) -> EffectCheck:
-    """Check one effect under its timeout; failures to decide are ``unknown``, never raised."""
-    values = {**cap.options, **params.model_dump()}
+    """Check one effect under its timeout; failures to decide are ``unknown``, never raised.
+
+    A plain verify op runs on ``executor`` (the loop's default when None).
+    """
+    values = {**params.model_dump(), **cap.options}
     try:
         async with asyncio.timeout(effect.timeout_s):
             match effect:
@@ -198,7 +212,7 @@ async def check_effect(
                 case CommandEffect():
                     return await _command(effect, values)
                 case OpEffect():
-                    return await _op(effect, params, cap, ops)
+                    return await _op(effect, params, cap, ops, executor)
     except TimeoutError:
         return EffectCheck(effect.kind, "unknown", f"timed out after {effect.timeout_s:g}s")
     except Exception as exc:  # a check that cannot decide says so
@@ -207,9 +221,11 @@ async def check_effect(
 
 
 async def verify_post_write_effects(
-    cap: Capability, params: BaseModel, ops: OpTable | None = None
+    cap: Capability, params: BaseModel, ops: OpTable | None = None, *,
+    executor: Executor | None = None,
 ) -> Verification:
     """Check every declared effect of ``cap`` for this call, concurrently, and combine them."""
     table = ops or OpTable()
-    checks = await asyncio.gather(*(check_effect(e, cap, params, table) for e in cap.effects))
+    checks = await asyncio.gather(
+        *(check_effect(e, cap, params, table, executor) for e in cap.effects))
     return Verification(combine([c.status for c in checks]), tuple(checks))

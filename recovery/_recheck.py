@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from functools import partial
 
 import structlog
 
@@ -64,7 +66,8 @@ class Rechecker:
     """Re-probes tools of the current registry and restores capabilities in place.
 
     ``registry`` is a getter, so that a full reload that swaps the registry is
-    seen at once. ``clock`` is monotonic seconds (inject one in tests).
+    seen at once. Plain Python probes run on ``executor``. ``clock`` is
+    monotonic seconds (inject one in tests).
     """
 
     def __init__(
@@ -73,11 +76,12 @@ class Rechecker:
         *,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         probe: Probe | None = None,
+        executor: Executor | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._registry = registry
         self.cooldown_s = cooldown_s
-        self._probe: Probe = probe or run_probe
+        self._probe: Probe = probe or partial(run_probe, executor=executor)
         self._clock = clock
         self._lock = asyncio.Lock()
         self._last_probe_at: dict[str, float] = {}
@@ -138,7 +142,8 @@ class Rechecker:
         A live capability is returned as is. Raises :class:`UnknownCapability`.
         """
         registry = self._registry()
-        entry = registry.disabled_entry(name)  # raises UnknownCapability
+        name = registry.resolve(name)  # an alias answers as its capability; raises if unknown
+        entry = registry.disabled_entry(name)
         if entry is None:
             return CapabilityRecheck(name, live=True, missing=())
         outcomes = await asyncio.gather(

@@ -11,6 +11,14 @@ it), never polling on a short fixed period. Per job and policy:
 - a disabled capability is rechecked first; if still disabled its callable is
   invoked anyway, and an untyped failure then counts as transient, so the job
   re-queues (never "capability not found").
+
+Before any of that, a job with an earlier attempt still running in this
+process (a plain op's thread its call gave up on) is neither verified nor
+replayed: it is postponed, without counting an attempt, until that thread
+ends; past ``attempt_running_max_s`` it goes to ``needs_operator``.
+
+A queue that cannot be written (a full disk) never stops the sweep: it logs,
+backs off and tries again, and resumes by itself when space returns.
 """
 
 from __future__ import annotations
@@ -26,9 +34,10 @@ from pydantic import ValidationError
 
 from registry import Registry, UnknownCapability
 
+from ._attempts import RunningAttempts
 from ._calls import apply_passive_health, call_capability
 from ._effects import verify_post_write_effects
-from ._queue import Job, RetryQueue
+from ._queue import Job, QueueClosed, QueueStorageError, RetryQueue
 from ._recheck import Rechecker
 
 log = structlog.get_logger("capd.sweep")
@@ -48,6 +57,10 @@ class RetrySweep:
         idle_max_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         executor: Executor | None = None,
+        verify_executor: Executor | None = None,
+        running: RunningAttempts | None = None,
+        attempt_running_max_s: float = 600.0,
+        storage_retry_max_s: float = 30.0,
     ) -> None:
         self._queue = queue
         self._registry = registry
@@ -57,9 +70,15 @@ class RetrySweep:
         self._idle_max_s = idle_max_s
         self._clock = clock
         self._executor = executor
+        self._verify_executor = verify_executor
+        self.running = running or RunningAttempts()
+        self.attempt_running_max_s = attempt_running_max_s
+        self._storage_retry_max_s = storage_retry_max_s
         self._kick = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
         self.busy = 0
+        # The last time the queue could not be read or written, and why (None once it can).
+        self.storage_error: str | None = None
         queue.on_enqueue = self._kick.set
 
     def kick(self) -> None:
@@ -67,13 +86,35 @@ class RetrySweep:
         self._kick.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Recover orphaned leases, then sweep until ``stop`` is set."""
-        await self._queue.expire_previous_boot_leases()
+        """Recover orphaned leases, then sweep until ``stop`` is set.
+
+        A queue that cannot be used (a full disk, an I/O error) is retried with
+        back-off up to ``storage_retry_max_s``, never raised: the daemon keeps
+        serving and the sweep resumes by itself.
+        """
+        recovered = False
+        failures = 0
         while not stop.is_set():
             self._kick.clear()
-            await self.sweep_once()
-            wake_at = await self._queue.next_wake_at()
-            delay = self._idle_max_s if wake_at is None else max(0.0, wake_at - self._clock())
+            try:
+                if not recovered:
+                    await self._queue.expire_previous_boot_leases()
+                    recovered = True
+                await self.sweep_once()
+                wake_at = await self._queue.next_wake_at()
+            except QueueClosed:
+                return
+            except QueueStorageError as exc:
+                failures += 1
+                delay = min(self._storage_retry_max_s, 0.5 * 2 ** min(failures, 10))
+                if self.storage_error != str(exc):
+                    log.error("sweep_storage_failed", error=str(exc), retry_in_s=delay)
+                self.storage_error = str(exc)
+            else:
+                if self.storage_error is not None:
+                    log.info("sweep_storage_recovered", after_failures=failures)
+                failures, self.storage_error = 0, None
+                delay = self._idle_max_s if wake_at is None else max(0.0, wake_at - self._clock())
             stopper = asyncio.ensure_future(stop.wait())
             kicker = asyncio.ensure_future(self._kick.wait())
             try:
@@ -90,14 +131,44 @@ class RetrySweep:
         if jobs:
             self.busy += len(jobs)
             try:
-                await asyncio.gather(*(self.process(job) for job in jobs))
+                outcomes = await asyncio.gather(*(self.process(job) for job in jobs),
+                                                return_exceptions=True)
             finally:
                 self.busy -= len(jobs)
+            # Every job of the batch ran to its end; then the first failure is raised.
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
         return len(jobs)
 
     def _count(self, outcome: str, job: Job) -> None:
         self.outcomes[outcome] += 1
         log.info("job_" + outcome, job=job.id, capability=job.capability, attempt=job.attempts)
+
+    async def _wait_for_running_attempt(self, job: Job) -> bool:
+        """Postpone or park ``job`` while an earlier attempt of it still runs; True if so.
+
+        Its write may still land: verifying now could find it absent and replay
+        it, and replaying now could do it twice.
+        """
+        running_s = self.running.running_for_s(job.id)
+        if running_s is None:
+            return False
+        if running_s >= self.attempt_running_max_s:
+            await self._queue.park(
+                job, reason=f"an earlier attempt has been running for {running_s:.0f}s after its "
+                "call gave up on it and may still land its write; check the effect, then "
+                f"`capd queue retry {job.id}` or `capd queue cancel {job.id}`",
+                error_class="attempt_still_running")
+            self._count("parked", job)
+            return True
+        wait_s = min(max(1.0, running_s / 2), self.attempt_running_max_s - running_s)
+        await self._queue.postpone(
+            job, run_at=self._clock() + wait_s,
+            detail=f"an earlier attempt is still running ({running_s:.1f}s); not verified or "
+            f"replayed until it ends; looking again in {wait_s:.1f}s")
+        self._count("postponed", job)
+        return True
 
     async def process(self, job: Job) -> None:
         """Take one claimed job to its next state."""
@@ -116,12 +187,15 @@ class RetrySweep:
                                           error_class="invalid_params", permanent=True)
             self._count("dead", job)
             return
+        if await self._wait_for_running_attempt(job):
+            return
         disabled = registry.disabled_entry(cap.name) is not None
         if disabled:
             disabled = not (await self._rechecker.recheck_disabled_capability(cap.name)).live
 
         if job.policy == "verify_first":
-            verification = await verify_post_write_effects(cap, params, registry.ops)
+            verification = await verify_post_write_effects(cap, params, registry.ops,
+                                                           executor=self._verify_executor)
             await self._queue.record(job, "verify", verification.verdict, verification.as_dict())
             if verification.verdict == "verified":
                 if await self._queue.complete(job, detail="effects verified: the write had "
@@ -148,6 +222,8 @@ class RetrySweep:
             return
         outcome = await call_capability(cap, params, unknown_errors_are_transient=disabled,
                                         executor=self._executor)
+        if outcome.abandoned is not None:
+            self.running.add(job.id, outcome.abandoned)
         detail = f"{outcome.kind}: {outcome.error_type or ''} {outcome.message or ''}".strip()
         if outcome.kind in ("success", "partial"):
             if await self._queue.complete(job, state="done" if outcome.kind == "success"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._declarations import capability_from_spec, load_declarations
 from ._errors import DeclarationError
-from ._model import Capability, OpEffect, ToolSpec
+from ._model import NAME_PATTERN, Capability, OpEffect, ToolSpec, is_valid_name
 from ._ops import entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
@@ -32,14 +33,16 @@ class BuildConfig(BaseModel):
 
 
 async def build(
-    config: BuildConfig, *, probe: Probe | None = None, fresh: bool = True
+    config: BuildConfig, *, probe: Probe | None = None, fresh: bool = True,
+    executor: Executor | None = None,
 ) -> Registry:
     """Build a fresh :class:`Registry` from ``config``.
 
     Plugin modules are imported afresh (``fresh``) in a worker thread, so an
     edited op is picked up and the event loop keeps running. Every declared
-    tool is probed exactly once, all at the same time. Declaration problems are
-    collected on the registry, never raised.
+    tool is probed exactly once, all at the same time; plain Python probes run
+    on ``executor``. Declaration problems are collected on the registry, never
+    raised.
 
     Raises :class:`PluginError` if a plugin cannot be imported and
     :class:`ConfigError` if a declarations path does not exist.
@@ -76,6 +79,10 @@ async def build(
 
     accepted: dict[str, Capability] = {}
     not_on_host: dict[str, str] = {}
+    # Aliases are checked against every declared name and claimed in declaration order,
+    # before the checks that depend on this host, so every host leaves out the same ones.
+    names = {cap.name for cap in capabilities}
+    claimed: dict[str, Capability] = {}
     for cap in capabilities:
         if cap.name in accepted:
             errors.append(DeclarationError(
@@ -84,6 +91,13 @@ async def build(
                 capability=cap.name, field="name",
             ))
             continue
+        clashes = _alias_problems(cap, names, claimed)
+        if clashes:
+            errors.append(DeclarationError(
+                cap.source or "?", "; ".join(clashes), capability=cap.name, field="aliases",
+            ))
+            continue
+        claimed.update(dict.fromkeys(cap.aliases, cap))
         unknown = [t for t in cap.requires if t not in tools]
         if unknown:
             errors.append(DeclarationError(
@@ -108,7 +122,35 @@ async def build(
             continue
         accepted[cap.name] = cap
 
-    probes = await probe_all(tools, probe=probe)
+    probes = await probe_all(tools, probe=probe, executor=executor)
     registry = Registry(accepted.values(), tools, probes, errors=errors, ops=ops, clock=time.time)
     registry.not_on_host = not_on_host
     return registry
+
+
+def _alias_problems(
+    cap: Capability, names: set[str], claimed: Mapping[str, Capability]
+) -> list[str]:
+    """Return what is wrong with ``cap.aliases``, one sentence each; empty when nothing is.
+
+    An alias must be a well-formed capability name, listed once, and name no
+    capability (``names``) nor an alias another capability already ``claimed``.
+    """
+    problems: list[str] = []
+    seen: set[str] = set()
+    for alias in cap.aliases:
+        if alias in seen:
+            problems.append(f"alias {alias!r} is listed twice")
+        elif not is_valid_name(alias):
+            problems.append(f"alias {alias!r} is not a well-formed capability name "
+                            f"(dot-namespaced, lower case: {NAME_PATTERN})")
+        elif alias == cap.name:
+            problems.append(f"alias {alias!r} repeats the capability's own name")
+        elif alias in names:
+            problems.append(f"alias {alias!r} is the name of another capability")
+        elif alias in claimed:
+            owner = claimed[alias]
+            problems.append(f"alias {alias!r} is already an alias of {owner.name!r} "
+                            f"({owner.source or '?'})")
+        seen.add(alias)
+    return problems

@@ -11,7 +11,7 @@ import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from functools import partial
 from typing import Annotated, Any, Literal
 
@@ -25,6 +25,8 @@ PartialReplay = Literal["safe", "unsafe"]
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$"
 TOOL_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]*$"
+# An exception class by dotted name: ``builtins.ConnectionError``, ``httpx.ConnectError``.
+ERROR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
 _NAME_RE = re.compile(NAME_PATTERN)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -276,6 +278,10 @@ class Capability(BaseModel):
     timeout_s: float = Field(30.0, gt=0, le=3600)
     op_id: str | None = None
     options: Mapping[str, Any] = Field(default_factory=dict)
+    transient_errors: tuple[Annotated[str, Field(pattern=ERROR_NAME_PATTERN)], ...] = Field(
+        (), description="Exception classes (dotted names) that mean 'try again later'.")
+    permanent_errors: tuple[Annotated[str, Field(pattern=ERROR_NAME_PATTERN)], ...] = Field(
+        (), description="Exception classes (dotted names) that mean 'this call cannot work'.")
     host: HostRequirements | None = None
     source: str = ""
 
@@ -311,6 +317,13 @@ class Capability(BaseModel):
             raise ValueError(
                 "retry_policy 'verify_first' needs at least one declared effect to verify"
             )
+        shadowed = sorted(set(self.parameters.model_fields) & set(self.options))
+        if shadowed:
+            raise ValueError(
+                f"parameter {', '.join(repr(n) for n in shadowed)} has the name of an option; "
+                "rename the parameter or the option (a caller must never choose an option's "
+                "value, such as the file an effect verifies)"
+            )
         known = set(self.parameters.model_fields) | set(self.options)
         for index, effect in enumerate(self.effects):
             for field, template in effect.template_fields().items():
@@ -327,27 +340,55 @@ class Capability(BaseModel):
         return self
 
     _is_async: bool = PrivateAttr(default=False)
+    _param_names: frozenset[str] | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
-        """Decide once whether ``func`` is a coroutine function (invoke is on the hot path)."""
+        """Decide once what the hot path asks: is ``func`` async, which parameter names exist."""
         self._is_async = inspect.iscoroutinefunction(self.func)
+        # A model that says nothing about extra keys refuses them (an agent's typo must
+        # not be dropped silently); one that sets ``extra`` itself has opted in.
+        if self.parameters.model_config.get("extra") is None:
+            names = set()
+            for field_name, info in self.parameters.model_fields.items():
+                names.add(field_name)
+                if isinstance(info.validation_alias, str):
+                    names.add(info.validation_alias)
+                if info.alias:
+                    names.add(info.alias)
+            self._param_names = frozenset(names)
+
+    def unknown_params(self, params: Mapping[str, Any]) -> list[str]:
+        """The keys of ``params`` the parameter model does not know (none if it allows extras)."""
+        names = self._param_names
+        if names is None or params.keys() <= names:
+            return []
+        return sorted(k for k in params if k not in names)
 
     @property
     def is_async(self) -> bool:
         """Whether ``func`` is a coroutine function."""
         return self._is_async
 
-    async def invoke(self, params: BaseModel, *, executor: Executor | None = None) -> Any:
+    async def invoke(
+        self, params: BaseModel, *, executor: Executor | None = None,
+        on_thread: Callable[[Future[Any]], None] | None = None,
+    ) -> Any:
         """Call the capability with validated ``params`` and its bound options.
 
         A plain function runs on ``executor`` (the default executor when None).
-        Cancelling the caller cannot stop such a thread: the owner of the
-        executor decides whether to wait for it.
+        Cancelling the caller cannot stop such a thread: ``on_thread`` is handed
+        the thread's future as soon as it is submitted, so that the caller can
+        tell, after giving up on it, whether it is still running.
         """
         if self._is_async:
             return await self.func(params, **self.options)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, partial(self.func, params, **self.options))
+        call = partial(self.func, params, **self.options)
+        if executor is None:
+            return await asyncio.get_running_loop().run_in_executor(None, call)
+        thread = executor.submit(call)
+        if on_thread is not None:
+            on_thread(thread)
+        return await asyncio.wrap_future(thread)
 
 
 def is_valid_name(name: str) -> bool:

@@ -3,7 +3,8 @@
 A probe never raises for a tool that is down: it returns a :class:`ProbeResult`
 with ``ok=False`` and the reason. It never blocks the event loop: commands run
 through ``asyncio.create_subprocess_exec``, HTTP through aiohttp, sockets
-through asyncio streams. Cancellation propagates.
+through asyncio streams, a plain Python probe on an executor. Cancellation
+propagates.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Executor
 from typing import Protocol
 
 import aiohttp
@@ -131,17 +133,27 @@ def _check_path(spec: PathProbe) -> None:
         raise ProbeFailed(f"{path} is not writable")
 
 
-async def _probe_python(spec: PythonProbe) -> None:
+def _is_coroutine_function(target: object) -> bool:
+    # A callable object whose __call__ is async counts too.
+    call = type(target).__call__ if not inspect.isroutine(target) else None
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)
+
+
+async def _probe_python(spec: PythonProbe, executor: Executor | None) -> None:
     module_name, _, attr_path = spec.target.partition(":")
-    module = await asyncio.to_thread(importlib.import_module, module_name)
+    loop = asyncio.get_running_loop()
+    module = await loop.run_in_executor(executor, importlib.import_module, module_name)
     target: object = module
     for part in attr_path.split("."):
         target = getattr(target, part)
     if not callable(target):
         raise ProbeFailed(f"{spec.target} is not callable")
-    outcome = target()
-    if inspect.isawaitable(outcome):
-        outcome = await outcome
+    if _is_coroutine_function(target):
+        outcome = await target()
+    else:  # a plain probe may block: never on the loop (the probe's timeout still holds)
+        outcome = await loop.run_in_executor(executor, target)
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
     if outcome is False:
         raise ProbeFailed(f"{spec.target} returned False")
 
@@ -151,12 +163,15 @@ async def run_probe(
     spec: ToolSpec,
     *,
     session: aiohttp.ClientSession | None = None,
+    executor: Executor | None = None,
     clock: Clock = time.time,
     monotonic: Clock = time.perf_counter,
 ) -> ProbeResult:
     """Probe ``tool`` once under ``spec.timeout_s`` and return what was found.
 
-    Never raises for a failing tool; re-raises cancellation.
+    A plain (non-async) Python probe runs on ``executor`` (the loop's default
+    when None), never on the event loop. Never raises for a failing tool;
+    re-raises cancellation.
     """
     started = monotonic()
     error: str | None = None
@@ -174,7 +189,7 @@ async def run_probe(
                 case PathProbe():
                     await _probe_path(spec)
                 case PythonProbe():
-                    await _probe_python(spec)
+                    await _probe_python(spec, executor)
     except TimeoutError:
         error = f"timed out after {spec.timeout_s:g}s"
     except ProbeFailed as exc:
@@ -197,12 +212,14 @@ async def run_probe(
 
 
 async def probe_all(
-    specs: Mapping[str, ToolSpec], *, probe: Probe | None = None
+    specs: Mapping[str, ToolSpec], *, probe: Probe | None = None,
+    executor: Executor | None = None,
 ) -> dict[str, ProbeResult]:
     """Probe every tool in ``specs`` once, all at the same time.
 
     The whole batch costs about the slowest probe, not the sum. With no
-    ``probe`` given, the real probes run and share one HTTP session.
+    ``probe`` given, the real probes run, share one HTTP session, and plain
+    Python probes run on ``executor``.
     """
     if not specs:
         return {}
@@ -211,6 +228,7 @@ async def probe_all(
         return {r.tool: r for r in results}
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
-            *(run_probe(tool, spec, session=session) for tool, spec in specs.items())
+            *(run_probe(tool, spec, session=session, executor=executor)
+              for tool, spec in specs.items())
         )
     return {r.tool: r for r in results}

@@ -5,7 +5,7 @@
     CapdError
     └── SidecarError
         ├── InvalidParams, BadRequest, Draining
-        └── SocketInUse, DaemonUnreachable
+        └── SocketInUse, UnsafeSocketFolder, StateDirLocked, DaemonUnreachable
 """
 
 from ._config import CapdConfig, LoadedConfig, load_config
@@ -17,6 +17,8 @@ from ._errors import (
     InvalidParams,
     SidecarError,
     SocketInUse,
+    StateDirLocked,
+    UnsafeSocketFolder,
 )
 from ._gateway import Caller, Gateway, ToolResult, ToolResultStatus
 from ._table import COMMANDS, McpTool, OperatorCommand, Option
@@ -37,7 +39,9 @@ __all__ = [
     "Option",
     "SidecarError",
     "SocketInUse",
+    "StateDirLocked",
     "ToolResult",
     "ToolResultStatus",
+    "UnsafeSocketFolder",
     "load_config",
 ]

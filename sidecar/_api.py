@@ -36,6 +36,7 @@ from ._errors import BadRequest, Draining, InvalidParams
 from ._gateway import Caller
 from ._handlers import Context, Reply
 from ._http import HttpRequest, HttpResponse, ServerHooks
+from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
 from ._peers import PeerPolicy, RateLimiter
 from ._table import COMMANDS, OperatorCommand
 
@@ -55,17 +56,18 @@ def problem(status: int, title: str, detail: str, **extra: Any) -> HttpResponse:
     return HttpResponse(status, dumps(body), PROBLEM_JSON)
 
 
-def _fallback(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    return str(value)
-
-
-def dumps(body: Any) -> bytes:
-    """JSON bytes; values JSON cannot hold (a Path, a set, a model) become strings or lists."""
-    return orjson.dumps(body, default=_fallback)
+def parse_body(raw: bytes) -> Any:
+    """The JSON of a request body; raise :class:`BadRequest` for what capd will not take."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON body: {exc}") from None
+    if body is None:
+        raise BadRequest("the body is JSON null; send a JSON object ({} for no parameters) "
+                         "or no body at all")
+    if json_depth_exceeds(raw, body):
+        raise BadRequest(f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels; flatten it")
+    return body
 
 
 class RequestIds:
@@ -242,10 +244,7 @@ class Api:
         try:
             body: Any = None
             if row.method == "POST" and request.body.strip():
-                try:
-                    body = orjson.loads(request.body)
-                except orjson.JSONDecodeError as exc:
-                    raise BadRequest(f"malformed JSON body: {exc}") from None
+                body = parse_body(request.body)
             query = (dict(parse_qsl(request.query_string, keep_blank_values=True))
                      if request.query_string else {})
             ctx = Context(daemon=self._daemon, path=path_params, query=query, body=body,
@@ -256,4 +255,11 @@ class Api:
             response = _problem_for(exc, request.path)
             response.headers["X-Request-Id"] = request_id
             return response
-        return _to_response(reply, request_id)
+        try:
+            return _to_response(reply, request_id)
+        except Unencodable as exc:  # a body JSON cannot hold: say so, never a bare 500
+            log.error("reply_unencodable", path=request.path, error=str(exc))
+            response = problem(500, "Internal Error",
+                               f"the answer cannot be written as JSON: {exc}")
+            response.headers["X-Request-Id"] = request_id
+            return response

@@ -58,6 +58,18 @@ class CapdConfig(BaseSettings):
     allow_gids: list[int] = Field(default_factory=list, description="Peer groups allowed.")
     call_rate_per_s: float = Field(5000.0, ge=0, description="Per-peer /call rate; 0 = off.")
     call_burst: int = Field(10000, ge=1)
+    request_timeout_s: float = Field(
+        10.0, gt=0, description="A request's headers and body must arrive within this.")
+    max_connections: int = Field(
+        4096, ge=8, description="Open client connections at most; idle ones are evicted first.")
+    max_buffered_bytes: int = Field(
+        64 << 20, ge=1 << 20, description="Request bytes buffered across all connections.")
+    attempt_running_max_s: float = Field(
+        600.0, gt=0, description="An abandoned op thread still running after this parks its "
+        "job for an operator.")
+    hook_timeout_s: float = Field(5.0, gt=0, description="Each before-hook must answer within.")
+    user_code_threads: int = Field(
+        16, ge=1, le=256, description="Threads for plain probes, verifiers and hooks.")
 
     @classmethod
     def settings_customise_sources(

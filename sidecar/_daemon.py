@@ -1,9 +1,13 @@
 """The daemon: owns the registry, the rechecker, the gateway and every task.
 
-Start-up reads as phases: config → build → bind socket → serve → ready.
-Shutdown too: draining (new calls refused with 503) → wait for in-flight calls
-within the grace period → close the server → stop background tasks → remove
-the socket file.
+Start-up reads as phases: lock the state directory → open the queue → build →
+bind socket → serve → ready. Shutdown too: draining (new calls refused with
+503) → wait for in-flight calls within the grace period → close the server →
+stop background tasks → remove the socket file.
+
+No code a user wrote runs on the event loop unless it is a coroutine: plain
+ops run on ``op_executor``; plain probes, effect verifiers and before-hooks on
+``user_executor``; each under its own timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import gc
 import importlib.metadata
 import os
+import resource
 import signal
 import time
 from collections.abc import Awaitable, Coroutine
@@ -21,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from recovery import QueueStats, Rechecker, RetryQueue, RetrySweep
+from recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
 from registry import Registry, build
 
 from ._api import Api
@@ -33,12 +38,31 @@ from ._peers import PeerPolicy, RateLimiter
 from ._queueing import QueueSink
 from ._reload import Reloader
 from ._socket import bind_unix_socket, default_socket_path, remove_socket, socket_inode
+from ._statelock import acquire_state_lock
 from ._systemd import Notifier, inherited_socket, run_watchdog, watchdog_interval_s
 
 log = structlog.get_logger("capd.daemon")
 
 T = TypeVar("T")
 State = Literal["starting", "ready", "draining", "stopped"]
+
+
+FD_RESERVE = 256
+"""Descriptors kept out of the connection cap (queue, probes, subprocesses, logs)."""
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never past the hard limit); return it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("fd_limit_unchanged", soft=soft, wanted=target, error=str(exc))
+            return soft
+        return target
+    return soft
 
 
 def capd_version() -> str:
@@ -69,12 +93,18 @@ class Daemon:
         self._stop = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
         self.registry: Registry = Registry((), {}, {})
-        self.rechecker = Rechecker(lambda: self.registry, cooldown_s=config.recheck_cooldown_s)
         # Plain (sync) ops run here, not on asyncio's default executor, whose threads the
         # loop waits for at close: a hung op must not hold a stopping daemon.
         self.op_executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="capd-op")
+        # Plain probes, verifiers and hooks: apart from ops, so hung ops cannot starve probes.
+        self.user_executor = ThreadPoolExecutor(max_workers=config.user_code_threads,
+                                                thread_name_prefix="capd-user")
+        self.rechecker = Rechecker(lambda: self.registry, cooldown_s=config.recheck_cooldown_s,
+                                   executor=self.user_executor)
+        self.running_attempts = RunningAttempts()
         self.gateway = Gateway(lambda: self.registry, self.rechecker,
-                               executor=self.op_executor)
+                               executor=self.op_executor, hook_executor=self.user_executor,
+                               hook_timeout_s=config.hook_timeout_s)
         self.metrics = Metrics(self)
         self.gateway.observe = self.metrics.observe_call
         self.notifier = Notifier()
@@ -84,6 +114,7 @@ class Daemon:
         self.queue: RetryQueue | None = None
         self._queue_stats: tuple[float, QueueStats] | None = None
         self.sweep: RetrySweep | None = None
+        self.http: HttpServer | None = None
 
     @property
     def uptime_s(self) -> float:
@@ -117,7 +148,7 @@ class Daemon:
 
     async def _rebuild(self) -> Registry:
         loaded = await asyncio.to_thread(load_config, self.loaded.path)
-        registry = await build(loaded.build_config())
+        registry = await build(loaded.build_config(), executor=self.user_executor)
         self.loaded = loaded
         return registry
 
@@ -184,25 +215,34 @@ class Daemon:
         """
         config = self.loaded.config
 
-        # Phase 1: open the retry queue (refuses a corrupt file or pragmas that did not take).
-        queue_path = self.loaded.state_dir() / "queue.db"
-        self.queue = await RetryQueue.open(queue_path, synchronous=config.queue_synchronous,
-                                           backoff=self.loaded.backoff())
+        # Phase 1: one daemon per state directory (a second would sweep the same jobs),
+        # then open the retry queue (refuses a damaged file or pragmas that did not take).
+        state_dir = self.loaded.state_dir()
+        lock = acquire_state_lock(state_dir)
         try:
-            return await self._run_with_queue(self.queue)
+            self.queue = await RetryQueue.open(state_dir / "queue.db",
+                                               synchronous=config.queue_synchronous,
+                                               backoff=self.loaded.backoff())
+            try:
+                return await self._run_with_queue(self.queue)
+            finally:
+                await self.queue.close()
         finally:
-            await self.queue.close()
+            lock.release()
 
     async def _run_with_queue(self, queue: RetryQueue) -> int:
         config = self.loaded.config
         loop = asyncio.get_running_loop()
-        self.gateway.failure_sink = QueueSink(queue, verify_grace_s=config.verify_grace_s)
+        self.gateway.failure_sink = QueueSink(queue, self.running_attempts,
+                                              verify_grace_s=config.verify_grace_s)
         self.sweep = RetrySweep(queue, lambda: self.registry, self.rechecker,
                                 batch=config.sweep_batch, grace_s=config.lease_grace_s,
-                                executor=self.op_executor)
+                                executor=self.op_executor, verify_executor=self.user_executor,
+                                running=self.running_attempts,
+                                attempt_running_max_s=config.attempt_running_max_s)
 
         # Phase 2: build the registry (probes run concurrently).
-        self.registry = await build(self.loaded.build_config())
+        self.registry = await build(self.loaded.build_config(), executor=self.user_executor)
         counts = self.registry.snapshot().counts
         log.info("registry_built", queue=str(queue.path), **counts)
 
@@ -226,7 +266,18 @@ class Daemon:
             peers=PeerPolicy(config.allow_uids, config.allow_gids),
             limiter=RateLimiter(config.call_rate_per_s, config.call_burst),
         )
-        server = HttpServer(api.hooks())
+        # Keep descriptors in reserve for the queue, probes and subprocesses: when the
+        # limit cannot be raised far enough, fewer connections are admitted instead.
+        fd_limit = raise_fd_limit(config.max_connections + FD_RESERVE)
+        max_connections = max(16, min(config.max_connections, fd_limit - FD_RESERVE))
+        if max_connections < config.max_connections:
+            log.warning("fd_limit_low", limit=fd_limit, max_connections=max_connections,
+                        configured=config.max_connections,
+                        hint="raise LimitNOFILE= (or ulimit -n) above max_connections + 256")
+        server = HttpServer(api.hooks(), request_timeout_s=config.request_timeout_s,
+                            max_connections=max_connections,
+                            max_buffered_bytes=config.max_buffered_bytes)
+        self.http = server
         await server.start(sock)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop)
@@ -292,6 +343,7 @@ class Daemon:
             await asyncio.wait(self._background, timeout=2.0)
         # 6. Op threads still running past the grace period are abandoned, not awaited.
         self.op_executor.shutdown(wait=False, cancel_futures=True)
+        self.user_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def run_daemon(coro: Coroutine[Any, Any, int]) -> int:

@@ -8,6 +8,8 @@
         ├── BadRequest           a malformed request: bad JSON, wrong shape (HTTP 400)
         ├── Draining             the daemon is shutting down (HTTP 503)
         ├── SocketInUse          another daemon answers on the socket
+        ├── UnsafeSocketFolder   the socket's folder is not the daemon's own
+        ├── StateDirLocked       another daemon holds the state directory
         └── DaemonUnreachable    the CLI found no daemon on the socket
 """
 
@@ -46,6 +48,18 @@ class Draining(SidecarError):
 
 class SocketInUse(SidecarError):
     """A live daemon already answers on the socket path."""
+
+
+class UnsafeSocketFolder(SidecarError):
+    """The socket's folder belongs to another user or others may write in it."""
+
+
+class StateDirLocked(SidecarError):
+    """Another daemon holds the state directory's lock (it would share the queue)."""
+
+    def __init__(self, message: str, holder_pid: int | None) -> None:
+        super().__init__(message)
+        self.holder_pid = holder_pid
 
 
 class DaemonUnreachable(SidecarError):

@@ -2,20 +2,27 @@
 
 Every call ends as a :class:`ToolResult` in one of five states. The gateway
 raises only for requests that never reach a capability: an unknown name
-(:class:`registry.UnknownCapability`), invalid parameters
-(:class:`InvalidParams`), or a daemon that is draining (:class:`Draining`).
+(:class:`registry.UnknownCapability`), invalid parameters, unknown ones
+included (:class:`InvalidParams`), or a daemon that is draining
+(:class:`Draining`).
+
+Before-hooks may be coroutines or plain functions; a plain one runs on the
+hook executor, never on the event loop. Each runs under ``hook_timeout_s``; a
+hook that raises or overruns blocks the call (fail closed) and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -71,15 +78,19 @@ class Caller:
     gid: int | None = None
 
 
-BeforeHook = Callable[[Capability, BaseModel, Caller], Awaitable[None]]
+BeforeHook = Callable[[Capability, BaseModel, Caller], Awaitable[None] | None]
 
 
 class FailureSink(Protocol):
-    """Where a transient failure of a mutating call goes (the durable retry queue)."""
+    """Where a transient failure of a mutating call goes (the durable retry queue).
+
+    ``running`` is the call's thread when it was still running as the call gave
+    up on it: the queue must not retry the job while it runs.
+    """
 
     async def accept(
         self, capability: Capability, params: BaseModel, result: ToolResult,
-        *, idempotency_key: str | None = None,
+        *, idempotency_key: str | None = None, running: Future[Any] | None = None,
     ) -> ToolResult: ...
 
 
@@ -117,6 +128,8 @@ class Gateway:
         failure_sink: FailureSink | None = None,
         clock: Callable[[], float] = time.perf_counter,
         executor: Executor | None = None,
+        hook_executor: Executor | None = None,
+        hook_timeout_s: float = 5.0,
     ) -> None:
         self._registry = registry
         self._rechecker = rechecker
@@ -124,6 +137,8 @@ class Gateway:
         self.failure_sink = failure_sink
         self._clock = clock
         self._executor = executor
+        self._hook_executor = hook_executor
+        self.hook_timeout_s = hook_timeout_s
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -160,16 +175,23 @@ class Gateway:
         caller = caller or Caller()
         registry = self._registry()  # this call finishes on the snapshot it started with
         cap = registry.get(name)
+        unknown = cap.unknown_params(params)
+        if unknown:
+            raise InvalidParams(cap.name, [
+                {"type": "extra_forbidden", "loc": [key], "msg": (
+                    f"unknown parameter {key!r}; the parameters are "
+                    f"{', '.join(sorted(cap.parameters.model_fields)) or '(none)'}")}
+                for key in unknown])
         try:
             model = cap.parameters.model_validate(params)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            raise InvalidParams(name, [dict(e) for e in errors]) from None
+            raise InvalidParams(cap.name, [dict(e) for e in errors]) from None
         self.in_flight += 1
         self._idle.clear()
         started = self._clock()
         try:
-            result = await self._call(registry, cap, model, caller, request_id, started)
+            result, running = await self._call(registry, cap, model, caller, request_id, started)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
@@ -180,11 +202,12 @@ class Gateway:
             and self.failure_sink is not None
         ):
             result = await self.failure_sink.accept(cap, model, result,
-                                                    idempotency_key=idempotency_key)
+                                                    idempotency_key=idempotency_key,
+                                                    running=running)
         self.stats.record(result)
-        self.observe(name, result.duration_s)
+        self.observe(cap.name, result.duration_s)
         log_call({
-            "capability": name, "status": result.status, "error_type": result.error_type,
+            "capability": cap.name, "status": result.status, "error_type": result.error_type,
             "duration_s": round(result.duration_s, 6), "caller_pid": caller.pid,
             "caller_uid": caller.uid, "request_id": request_id, "queued": result.queued,
         })
@@ -198,7 +221,8 @@ class Gateway:
         caller: Caller,
         request_id: str,
         started: float,
-    ) -> ToolResult:
+    ) -> tuple[ToolResult, Future[Any] | None]:
+        """The call's result, and its thread when that still runs after the call gave up."""
         def finish(status: ToolResultStatus, **fields: Any) -> ToolResult:
             if status in ("success", "partial"):
                 fields.setdefault("alternatives", [])
@@ -225,20 +249,42 @@ class Gateway:
                     "error_transient", error_type="capability_disabled",
                     message=f"{cap.name} is disabled: missing {', '.join(recheck.missing)}"
                     + (f" ({detail})" if detail else ""),
-                )
-        try:
-            for hook in self._hooks:
-                await hook(cap, params, caller)
-        except Blocked as exc:
-            return finish("error_blocked", error_type="blocked", message=exc.message)
+                ), None
+        for hook in self._hooks:
+            refusal = await self._run_hook(hook, cap, params, caller)
+            if refusal is not None:
+                return finish("error_blocked", error_type="blocked", message=refusal), None
         outcome = await call_capability(cap, params, executor=self._executor)
         apply_passive_health(registry, cap, outcome)
         if outcome.kind == "success":
-            return finish("success", result=outcome.value)
+            return finish("success", result=outcome.value), None
         if outcome.kind == "partial":
-            return finish("partial", result=outcome.value, message=outcome.message)
+            return finish("partial", result=outcome.value, message=outcome.message), None
         return finish(_STATUS[outcome.kind], error_type=outcome.error_type,
-                      message=outcome.message, retry_after_s=outcome.retry_after_s)
+                      message=outcome.message, retry_after_s=outcome.retry_after_s
+                      ), outcome.abandoned
+
+    async def _run_hook(self, hook: BeforeHook, cap: Capability, params: BaseModel,
+                        caller: Caller) -> str | None:
+        """Run one before-hook off the loop if it is plain; the refusal's reason, or None."""
+        name = getattr(hook, "__qualname__", repr(hook))
+        try:
+            async with asyncio.timeout(self.hook_timeout_s):
+                if inspect.iscoroutinefunction(hook):
+                    await hook(cap, params, caller)
+                else:
+                    outcome = await asyncio.get_running_loop().run_in_executor(
+                        self._hook_executor, partial(hook, cap, params, caller))
+                    if inspect.isawaitable(outcome):
+                        await outcome
+        except Blocked as exc:
+            return exc.message
+        except TimeoutError:
+            return (f"before-hook {name} did not answer within {self.hook_timeout_s:g}s; "
+                    "the call is refused (hooks fail closed)")
+        except Exception as exc:  # a broken hook refuses the call: fail closed
+            return f"before-hook {name} failed ({type(exc).__name__}: {exc}); the call is refused"
+        return None
 
     @staticmethod
     def _alternatives(registry: Registry, cap: Capability) -> list[str]:

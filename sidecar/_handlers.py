@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from recovery import Job, RecoveryError, RetryQueue
+from recovery import JOB_STATES, Job, RecoveryError, RetryQueue
 from registry import success_boost
 
 from ._errors import BadRequest
+from ._json import Unencodable, dumps
 from ._views import capsule, disabled_view, manifest
 
 if TYPE_CHECKING:
@@ -131,28 +132,34 @@ async def _queue_health(d: Daemon) -> tuple[str, list[str], dict[str, list[dict[
         return "fail", [f"retry queue unusable: {exc}"], {"queue:usable": [{
             "componentType": "datastore", "status": "fail", "output": str(exc)}]}
     status, notes = "pass", []
+    checks: dict[str, list[dict[str, Any]]] = {}
+    # A queue that reads but cannot write (a full disk) cannot accept a failed write.
+    write_error = d.queue.write_error or (d.sweep.storage_error if d.sweep else None)
+    if write_error:
+        status = "fail"
+        notes.append(f"retry queue cannot write: {write_error}")
+        checks["queue:writable"] = [{"componentType": "datastore", "status": "fail",
+                                     "output": write_error}]
     stuck = stats.by_state["dead"] + stats.by_state["needs_operator"]
     if stuck:
-        status = "warn"
+        status = "fail" if status == "fail" else "warn"
         notes.append(f"{stats.by_state['dead']} dead and {stats.by_state['needs_operator']} "
                      "job(s) needing an operator (capd queue list)")
     age = stats.oldest_pending_age_s
     limit = d.loaded.config.health_pending_age_s
     if age is not None and age > limit:
-        status = "warn"
+        status = "fail" if status == "fail" else "warn"
         notes.append(f"oldest pending job is {age:.0f}s old (threshold {limit:g}s)")
     jobs_check: dict[str, Any] = {"componentType": "datastore",
                                   "status": "warn" if stuck else "pass",
                                   "observedValue": stats.by_state}
     if stuck:
-        jobs_check["output"] = notes[0]
-    checks: dict[str, list[dict[str, Any]]] = {
-        "queue:jobs": [jobs_check],
-        "queue:oldest-pending-age": [{
-            "componentType": "datastore",
-            "status": "warn" if age is not None and age > limit else "pass",
-            "observedValue": None if age is None else round(age, 3), "observedUnit": "s"}],
-    }
+        jobs_check["output"] = next(n for n in notes if "dead and" in n)
+    checks["queue:jobs"] = [jobs_check]
+    checks["queue:oldest-pending-age"] = [{
+        "componentType": "datastore",
+        "status": "warn" if age is not None and age > limit else "pass",
+        "observedValue": None if age is None else round(age, 3), "observedUnit": "s"}]
     return status, notes, checks
 
 
@@ -257,6 +264,17 @@ async def call(ctx: Context) -> Reply:
         ctx.path["name"], params, ctx.caller, request_id=ctx.request_id,
         idempotency_key=ctx.idempotency_key,
     )
+    body = result.as_json()
+    try:
+        encoded = dumps(body)
+    except Unencodable as exc:
+        # The op ran and its work is done; only its answer cannot travel. Say exactly
+        # that, so nobody retries a write that happened.
+        body.update(status="error_permanent", result=None, error_type="result_unencodable",
+                    message=f"{result.capability} ran (its work is done; do not retry) but its "
+                    f"result cannot be written as JSON: {exc}")
+        encoded = dumps(body)
+        result = result.model_copy(update={"status": "error_permanent"})
     status = {
         "success": 200, "partial": 200, "error_transient": 503, "error_permanent": 502,
         "error_blocked": 403,
@@ -266,7 +284,7 @@ async def call(ctx: Context) -> Reply:
     headers = {}
     if result.retry_after_s is not None and status == 503:
         headers["Retry-After"] = str(max(1, round(result.retry_after_s)))
-    return Reply(status, result.as_json(), headers=headers)
+    return Reply(status, encoded, headers=headers)
 
 
 def _tool_view(outcome: ToolRecheck) -> dict[str, Any]:
@@ -385,7 +403,10 @@ async def queue_list(ctx: Context) -> Reply:
         limit = int(ctx.query.get("limit", "100"))
     except ValueError:
         raise BadRequest("limit must be a whole number") from None
-    jobs = await _queue(ctx).list_jobs(ctx.query.get("state"), limit=max(1, min(limit, 1000)))
+    state = ctx.query.get("state") or None
+    if state is not None and state not in JOB_STATES:
+        raise BadRequest(f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
+    jobs = await _queue(ctx).list_jobs(state, limit=max(1, min(limit, 1000)))
     return Reply(200, {"jobs": [_job_view(j) for j in jobs]})
 
 
@@ -413,6 +434,8 @@ async def queue_purge(ctx: Context) -> Reply:
     state = ctx.query.get("state")
     if not state:
         raise BadRequest("purge needs a state (done, partial, dead or cancelled)")
+    if state not in JOB_STATES:
+        raise BadRequest(f"unknown state {state!r}; purge takes done, partial, dead or cancelled")
     older = parse_duration(ctx.query.get("older_than", "7d"))
     purged = await _queue(ctx).purge(state, older)
     return Reply(200, {"purged": purged, "state": state, "older_than_s": older})

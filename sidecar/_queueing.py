@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 import structlog
 from pydantic import BaseModel
 
-from recovery import EnqueueRequest, IdempotencyConflict, QueueError, RetryQueue
+from recovery import EnqueueRequest, IdempotencyConflict, QueueError, RetryQueue, RunningAttempts
 from registry import Capability
 
 from ._gateway import ToolResult
@@ -21,19 +23,23 @@ class QueueSink:
 
     ``replay`` jobs are due after the first back-off delay; ``verify_first``
     jobs only once the original call can no longer land (first sent + its
-    timeout + ``verify_grace_s``); ``manual`` jobs are parked for an operator.
-    The result says ``queued: <job id>`` only after the job is committed; if
-    the queue cannot take it, the result says so and nothing is queued.
+    timeout + ``verify_grace_s``, and never while its thread still runs: that
+    thread is handed to ``running``); ``manual`` jobs are parked for an
+    operator. The result says ``queued: <job id>`` only after the job is
+    committed; if the queue cannot take it, the result says so and nothing is
+    queued.
     """
 
-    def __init__(self, queue: RetryQueue, *, verify_grace_s: float = 2.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, queue: RetryQueue, running: RunningAttempts, *,
+                 verify_grace_s: float = 2.0, clock: Callable[[], float] = time.time) -> None:
         self._queue = queue
+        self._running = running
         self._verify_grace_s = verify_grace_s
         self._clock = clock
 
     async def accept(self, capability: Capability, params: BaseModel, result: ToolResult,
-                     *, idempotency_key: str | None = None) -> ToolResult:
+                     *, idempotency_key: str | None = None,
+                     running: Future[Any] | None = None) -> ToolResult:
         """Enqueue the failed call; return the result with its job id."""
         now = self._clock()
         first_sent_at = now - result.duration_s
@@ -59,6 +65,8 @@ class QueueSink:
             log.error("enqueue_failed", capability=capability.name, error=str(exc))
             return result.model_copy(update={
                 "message": f"{result.message}; NOT queued: {exc}"})
+        if running is not None:
+            self._running.add(job.id, running)
         where = ("parked for an operator (policy manual)" if policy == "manual"
                  else f"will be retried (policy {policy})")
         return result.model_copy(update={

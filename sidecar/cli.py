@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from registry import CapdError, build
+from registry import CapdError, ConfigError, build
 
 from ._client import request
 from ._config import DEFAULT_CONFIG_ENV, load_config
@@ -76,7 +76,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # A reload re-imports plugins; cached bytecode could hide an edit made within
     # the same second that kept the file's size, so the daemon writes none.
     sys.dont_write_bytecode = True
-    loaded = load_config(_config_path(args.config))
+    config_path = _config_path(args.config)
+    if config_path is None:  # a daemon with no capabilities is a mistake, not a default
+        raise ConfigError(
+            "no config found: pass --config PATH, set CAPD_CONFIG, or run in a folder holding "
+            "capd.toml (the bundled example: --config examples/capd.toml)")
+    loaded = load_config(config_path)
     socket_path = Path(args.socket) if args.socket else None
     daemon = Daemon(loaded, socket_path=socket_path)
     code = run_daemon(daemon.run())

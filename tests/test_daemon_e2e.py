@@ -188,9 +188,12 @@ def test_a_stale_socket_is_replaced_and_a_second_daemon_refused(
     stale.close()  # the file stays, nothing listens: what a crash leaves
     daemon = start()
     assert daemon.call("GET", "/livez").status == 200
+    # Its own state dir: the socket check is what this pins (two daemons on one state dir
+    # have their own test in test_hardening_e2e).
     second = subprocess.run(
         [sys.executable, "-m", "sidecar", "serve", "--config", str(daemon.config),
-         "--socket", str(daemon.socket)], capture_output=True, text=True, timeout=60, check=False)
+         "--socket", str(daemon.socket)], capture_output=True, text=True, timeout=60,
+        check=False, env={**os.environ, "CAPD_STATE_DIR": str(short_tmp / "state2")})
     assert second.returncode == 1
     assert f"another capd is already serving on {daemon.socket}" in second.stderr
     assert daemon.call("GET", "/livez").status == 200
@@ -201,7 +204,8 @@ def test_socket_and_folder_modes(start: Start, short_tmp: Path) -> None:
     daemon = start()
     assert (daemon.socket.stat().st_mode & 0o777) == 0o660
     nested = short_tmp / "run" / "capd.sock"
-    second = DaemonProcess(daemon.config, nested).start().wait_ready()
+    second = DaemonProcess(daemon.config, nested,
+                           env={"CAPD_STATE_DIR": str(short_tmp / "state2")}).start().wait_ready()
     try:
         assert (nested.parent.stat().st_mode & 0o777) == 0o750
     finally:

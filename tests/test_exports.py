@@ -31,16 +31,19 @@ def test_registry_exports() -> None:
 SIDECAR = {
     "COMMANDS", "BadRequest", "Caller", "CapdConfig", "Daemon", "DaemonUnreachable", "Draining",
     "Gateway", "InvalidParams", "LoadedConfig", "McpTool", "OperatorCommand", "Option",
-    "SidecarError", "SocketInUse", "ToolResult", "ToolResultStatus", "load_config",
+    "SidecarError", "SocketInUse", "StateDirLocked", "ToolResult", "ToolResultStatus",
+    "UnsafeSocketFolder", "load_config",
 }
 
 RECOVERY = {
     "DEFAULT_COOLDOWN_S", "JOB_STATES", "Attempt", "BackoffPolicy", "CallKind", "CallOutcome",
     "CapabilityRecheck", "EffectCheck", "EffectStatus", "EnqueueRequest", "IdempotencyConflict",
     "InvalidTransition", "Job", "JobState", "QueueClosed", "QueueCorrupt", "QueueError",
-    "QueueStats", "QueueStorageError", "RecheckStats", "Rechecker", "RecoveryError",
-    "RetryQueue", "RetrySweep", "ToolRecheck", "UnknownJob", "UnknownTool", "Verdict",
-    "Verification", "apply_passive_health", "call_capability", "check_effect", "combine",
+    "QueueFull", "QueueStats", "QueueStorageError", "RecheckStats", "Rechecker", "RecoveryError",
+    "RetryQueue", "RetrySweep", "RunningAttempts", "ToolRecheck", "UnknownJob", "UnknownTool",
+    "Verdict",
+    "Verification", "apply_passive_health", "call_capability", "check_effect",
+    "classify_error", "combine",
     "default_state_dir",
     "verify_post_write_effects",
 }

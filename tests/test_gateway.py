@@ -192,8 +192,8 @@ async def test_failure_sink_receives_transient_failures_of_mutating_calls() -> N
 
     class Sink:
         async def accept(self, capability: Capability, params: BaseModel,
-                         result: ToolResult, *, idempotency_key: str | None = None
-                         ) -> ToolResult:
+                         result: ToolResult, *, idempotency_key: str | None = None,
+                         running: Any = None) -> ToolResult:
             seen.append(capability.name)
             return result.model_copy(update={"queued": "job-1"})
 

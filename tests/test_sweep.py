@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep
+from recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep, RunningAttempts
 from registry import (
     Capability,
     CommandProbe,
@@ -191,3 +193,64 @@ async def test_the_sweep_wakes_for_a_due_job_without_a_caller(harness: Harness) 
     stop.set()
     await task
     assert harness.file.read_text() == "later\n"
+
+
+async def test_a_job_whose_earlier_attempt_still_runs_is_postponed_then_verified(
+    harness: Harness,
+) -> None:
+    """An abandoned thread still running: no verify, no call, no attempt used; when it lands,
+    the write is verified and never done again."""
+    release = threading.Event()
+
+    def late_write() -> None:
+        release.wait(10)
+        with harness.file.open("a") as handle:
+            handle.write("late\n")
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        job = await harness.enqueue("late")
+        harness.sweep.running.add(job, pool.submit(late_write))
+        await harness.sweep.sweep_once()
+        waiting = await harness.queue.get(job)
+        assert (waiting.state, waiting.attempts) == ("pending", 0)
+        trail = [(a.kind, a.outcome) for a in await harness.queue.attempts(job)]
+        assert ("postpone", "pending") in trail
+        assert ("verify", "absent") not in trail
+        release.set()
+        async with asyncio.timeout(10):
+            while harness.sweep.running.running_for_s(job) is not None:
+                await asyncio.sleep(0.01)
+        await harness.make_due()
+        await harness.sweep.sweep_once()
+        assert await harness.state(job) == "done"
+        assert harness.calls == 0
+        assert harness.file.read_text() == "late\n"
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+
+
+async def test_an_attempt_that_outlives_the_hard_bound_parks_the_job(tmp_path: Path) -> None:
+    """Past attempt_running_max_s the job goes to needs_operator, saying why."""
+    queue = await RetryQueue.open(tmp_path / "q.db", rng=random.Random(3))
+    release = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        harness = Harness(tmp_path, queue)
+        clock = Clock()
+        harness.sweep = RetrySweep(queue, lambda: harness.registry, harness.rechecker,
+                                   grace_s=0, running=RunningAttempts(clock=clock),
+                                   attempt_running_max_s=60)
+        job = await harness.enqueue("stuck")
+        harness.sweep.running.add(job, pool.submit(release.wait, 10))
+        clock.advance(61)
+        await harness.sweep.sweep_once()
+        parked = await queue.get(job)
+        assert (parked.state, parked.error_class) == ("needs_operator", "attempt_still_running")
+        assert "may still land" in (parked.last_error or "")
+        assert harness.calls == 0
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+        await queue.close()

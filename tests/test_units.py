@@ -100,6 +100,9 @@ def test_unit_contracts() -> None:
     assert (user_socket["ListenStream"], user_socket["SocketMode"]) == (
         "%t/capd/capd.sock", "0600")
     assert (UNITS / "capd.sysusers.conf").read_text().splitlines()[-1].startswith("u capd ")
+    for unit in ("capd.service", "capd-notify-reload.service", "user/capd.service"):
+        # room for max_connections (4096 by default) client descriptors
+        assert int(read_unit(UNITS / unit)["Service"]["LimitNOFILE"]) >= 8192, unit
 
 
 def test_launchd_plist_is_valid() -> None:
@@ -111,4 +114,5 @@ def test_launchd_plist_is_valid() -> None:
     assert plist["KeepAlive"] == {"SuccessfulExit": False}
     assert isinstance(plist["ExitTimeOut"], int)
     assert plist["Umask"] == 0o077
+    assert plist["SoftResourceLimits"]["NumberOfFiles"] >= 8192
     assert "/Library/Logs/" in plist["StandardOutPath"]
