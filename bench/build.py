@@ -28,14 +28,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from registry import BuildConfig, CommandProbe, PythonProbe, ToolSpec, build
+from capd.registry import BuildConfig, CommandProbe, PythonProbe, ToolSpec, build
 
 
 def write_pack(folder: Path, caps: int, tools: int, probe_s: float) -> None:
     (folder / "bench_pack.py").write_text(textwrap.dedent(f'''
         import asyncio
         from pydantic import BaseModel
-        from registry import op
+        from capd.registry import op
 
         class P(BaseModel):
             x: int = 0

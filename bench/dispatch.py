@@ -59,7 +59,7 @@ BARE_SERVER = textwrap.dedent('''
 PACK = textwrap.dedent('''
     import asyncio, os
     from pydantic import BaseModel
-    from registry import op
+    from capd.registry import op
 
     class Empty(BaseModel):
         pass
@@ -183,7 +183,7 @@ def wait_ready(log: Path, proc: subprocess.Popen[bytes]) -> None:
 
 
 def health_during_reloads(sock: str, flag: Path, seconds: float) -> dict[str, float]:
-    from sidecar._client import request
+    from capd.sidecar.client._client import request
 
     flag.touch()
     stop = threading.Event()
@@ -228,7 +228,7 @@ def main() -> None:
     # The daemon logs one line per call to a file, as it would to journald: a pipe
     # drained by this process would steal CPU from the load generator.
     log = (tmp / "capd.log").open("wb")
-    capd = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--config",
+    capd = subprocess.Popen([sys.executable, "-m", "capd", "serve", "--config",
                              str(tmp / "capd.toml"), "--socket", capd_sock],
                             stdout=log, env=env)
     bare = subprocess.Popen([sys.executable, str(tmp / "bare.py"), bare_sock],

@@ -106,7 +106,7 @@ class Daemon:
         self._log = self.log_path.open("wb")
         env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", "--config", str(folder / "capd.toml"),
+            [sys.executable, "-m", "capd", "serve", "--config", str(folder / "capd.toml"),
              "--socket", str(self.socket)],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=folder,
             preexec_fn=None if nofile is None else (

@@ -34,9 +34,9 @@ import time
 import uvloop
 from pydantic import BaseModel
 
-from recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep
-from recovery._queue import MIGRATIONS
-from registry import Capability, Registry
+from capd.recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep
+from capd.recovery._queue import MIGRATIONS
+from capd.registry import Capability, Registry
 
 
 def request(n: int) -> EnqueueRequest:

@@ -43,13 +43,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sidecar._client import Response, request
+from capd.sidecar.client._client import Response, request
 
 PACK = textwrap.dedent('''
     import time
 
     from pydantic import BaseModel
-    from registry import op
+    from capd.registry import op
 
 
     class Empty(BaseModel):
@@ -194,7 +194,7 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(args.root), "PYTHONDONTWRITEBYTECODE": "1"}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", "--config", str(folder / "capd.toml"),
+            [sys.executable, "-m", "capd", "serve", "--config", str(folder / "capd.toml"),
              "--socket", str(socket_path)], stdout=log, stderr=subprocess.STDOUT, env=env,
             cwd=folder)
         try:

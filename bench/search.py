@@ -25,8 +25,8 @@ import json
 import statistics
 import time
 
-from registry import SearchIndex, estimate_tokens, parameters_schema
-from sidecar._mcp import META_TOOLS
+from capd.registry import SearchIndex, estimate_tokens, parameters_schema
+from capd.sidecar.client._mcp import META_TOOLS
 from tests.catalogue import (
     BLIND_SET,
     QUERY_SETS,

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel
 
-from registry import (
+from capd.registry import (
     Blocked,
     Capability,
     Partial,

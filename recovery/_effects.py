@@ -28,7 +28,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import BaseModel
 
-from registry import (
+from capd.registry import (
     Capability,
     CommandEffect,
     EffectSpec,

@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from registry import CapdError
+from capd.registry import CapdError
 
 
 class RecoveryError(CapdError):

@@ -48,7 +48,7 @@ import orjson
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from registry import RetryPolicy
+from capd.registry import RetryPolicy
 
 from ._errors import RecoveryError
 

@@ -19,8 +19,8 @@ from functools import partial
 
 import structlog
 
-from registry import ProbeResult, Registry, UnknownCapability, run_probe
-from registry._probes import Probe
+from capd.registry import ProbeResult, Registry, UnknownCapability, run_probe
+from capd.registry._probes import Probe
 
 from ._errors import UnknownTool
 

@@ -32,7 +32,7 @@ from concurrent.futures import Executor
 import structlog
 from pydantic import ValidationError
 
-from registry import Registry, UnknownCapability
+from capd.registry import Registry, UnknownCapability
 
 from ._attempts import RunningAttempts
 from ._calls import apply_passive_health, call_capability

@@ -1,15 +1,17 @@
-"""capd's process: config, the daemon and its Unix-socket API, the gateway, the CLI.
+"""capd's process: ``server/`` is the daemon, ``client/`` the CLI and the MCP bridge.
+
+Importing this package (or the client) never imports the server: what both sides
+share is here — the operator table, the errors, default paths.
 
 ::
 
     CapdError
     └── SidecarError
-        ├── InvalidParams, BadRequest, Draining
-        └── SocketInUse, UnsafeSocketFolder, StateDirLocked, DaemonUnreachable
+        ├── InvalidParams, BadRequest, Draining          answered by the API
+        ├── SocketInUse, UnsafeSocketFolder, StateDirLocked   the daemon refuses to start
+        └── DaemonUnreachable                           the client finds nothing listening
 """
 
-from ._config import CapdConfig, LoadedConfig, load_config
-from ._daemon import Daemon
 from ._errors import (
     BadRequest,
     DaemonUnreachable,
@@ -20,28 +22,22 @@ from ._errors import (
     StateDirLocked,
     UnsafeSocketFolder,
 )
-from ._gateway import Caller, Gateway, ToolResult, ToolResultStatus
+from ._paths import capd_version, default_socket_path
 from ._table import COMMANDS, McpTool, OperatorCommand, Option
 
 __all__ = [
     "COMMANDS",
     "BadRequest",
-    "Caller",
-    "CapdConfig",
-    "Daemon",
     "DaemonUnreachable",
     "Draining",
-    "Gateway",
     "InvalidParams",
-    "LoadedConfig",
     "McpTool",
     "OperatorCommand",
     "Option",
     "SidecarError",
     "SocketInUse",
     "StateDirLocked",
-    "ToolResult",
-    "ToolResultStatus",
     "UnsafeSocketFolder",
-    "load_config",
+    "capd_version",
+    "default_socket_path",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry import CapdError
+from capd.registry import CapdError
 
 
 class SidecarError(CapdError):

@@ -1,24 +1,17 @@
 """The one operator table: every operator command is one row.
 
-The HTTP routes (:mod:`sidecar._api`) and the ``capd`` CLI subcommands
-(:mod:`sidecar.cli`) are both generated from :data:`COMMANDS`; a parity test
-fails if either surface has something the table does not.
+The HTTP routes (``server/_api.py``) and the ``capd`` CLI subcommands
+(``client/cli.py``) are both generated from :data:`COMMANDS`; a parity test
+fails if either surface has something the table does not. A row names its
+handler and its renderer rather than holding them, so the table is plain data
+that both sides read and the client never imports the server.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-from . import _handlers as h
-from . import _render as r
-
-if TYPE_CHECKING:
-    from ._handlers import Context, Reply
-
-Handler = Callable[["Context"], Awaitable["Reply"]]
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -56,10 +49,10 @@ class OperatorCommand:
     method: Literal["GET", "POST"]
     path: str
     cli: tuple[str, ...]
-    handler: Handler
+    handler: str        # a key of the server's handler table (server/_handlers.HANDLERS)
     options: tuple[Option, ...] = ()
     takes_params: bool = False
-    render: Callable[[Any], str] = r.render_json
+    render: str = "json"  # a key of the client's renderers (client/_render.RENDERERS)
     json_mode: bool = True
     mcp: McpTool | None = None
     path_params: tuple[str, ...] = field(init=False)
@@ -72,19 +65,19 @@ FORCE = Option(("--force",), "force", "ignore the per-tool cooldown", is_flag=Tr
 
 COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand("health", "Overall health (application/health+json).", "GET", "/health",
-                    ("health",), h.health, render=r.render_health),
+                    ("health",), "health", render="health"),
     OperatorCommand("livez", "Liveness: 200 while the process serves.", "GET", "/livez",
-                    ("livez",), h.livez, json_mode=False),
+                    ("livez",), "livez", json_mode=False),
     OperatorCommand("readyz", "Readiness: 503 while starting or draining.", "GET", "/readyz",
-                    ("readyz",), h.readyz, json_mode=False),
+                    ("readyz",), "readyz", json_mode=False),
     OperatorCommand(
-        "list", "List capabilities as capsules.", "GET", "/capabilities", ("list",), h.list_caps,
+        "list", "List capabilities as capsules.", "GET", "/capabilities", ("list",), "list_caps",
         options=(
             Option(("--state",), "state", "only live or disabled ones",
                    choices=("live", "disabled")),
             Option(("--tag",), "tag", "only capabilities with this tag"),
         ),
-        render=r.render_list,
+        render="list",
         mcp=McpTool(
             "list_capabilities",
             "List capabilities as short capsules, a page at a time, optionally by tag or "
@@ -101,7 +94,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     ),
     OperatorCommand(
         "search", "Search capabilities by words, tags and latency class.", "GET", "/search",
-        ("search",), h.search,
+        ("search",), "search",
         options=(
             Option(("query",), "q", "what you want to do, in words", positional=True),
             Option(("-k",), "k", "how many results (default 5)"),
@@ -111,7 +104,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             Option(("--include-disabled",), "include_disabled",
                    "also disabled capabilities, with why", is_flag=True),
         ),
-        render=r.render_search,
+        render="search",
         mcp=McpTool(
             "search_capabilities",
             "Find capabilities by what you want to do. Returns the best matches as capsules "
@@ -133,7 +126,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     ),
     OperatorCommand(
         "show", "Full manifest of one capability, with JSON Schema.", "GET",
-        "/capabilities/{name}", ("show",), h.show,
+        "/capabilities/{name}", ("show",), "show",
         mcp=McpTool(
             "get_capability",
             "The full manifest of one capability: description, parameters' JSON Schema, "
@@ -145,7 +138,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     ),
     OperatorCommand(
         "call", "Call a capability with JSON parameters.", "POST", "/call/{name}", ("call",),
-        h.call, takes_params=True, render=r.render_call,
+        "call", takes_params=True, render="call",
         mcp=McpTool(
             "invoke_capability",
             "Call a capability with its arguments. The result has a status (success, "
@@ -162,21 +155,21 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         ),
     ),
     OperatorCommand("recheck", "Re-probe a disabled capability's missing tools.", "POST",
-                    "/recheck/{name}", ("recheck",), h.recheck, options=(FORCE,)),
+                    "/recheck/{name}", ("recheck",), "recheck", options=(FORCE,)),
     OperatorCommand("recheck-tool", "Re-probe one tool and restore what it unblocks.", "POST",
-                    "/recheck-tool/{tool}", ("recheck-tool",), h.recheck_tool, options=(FORCE,)),
+                    "/recheck-tool/{tool}", ("recheck-tool",), "recheck_tool", options=(FORCE,)),
     OperatorCommand("reload", "Full reload: config, declarations, plugins, probes.", "POST",
-                    "/reload", ("reload",), h.reload),
+                    "/reload", ("reload",), "reload"),
     OperatorCommand("status", "Registry, reload and task statistics.", "GET", "/status",
-                    ("status",), h.status),
+                    ("status",), "status"),
     OperatorCommand("metrics", "Prometheus metrics (text format).", "GET", "/metrics",
-                    ("metrics",), h.metrics, json_mode=False),
+                    ("metrics",), "metrics", json_mode=False),
     # /queue/stats and /queue/purge come before /queue/{id} so that they match first.
     OperatorCommand("queue-stats", "Retry queue counts, oldest pending age, sweep outcomes.",
-                    "GET", "/queue/stats", ("queue", "stats"), h.queue_stats),
+                    "GET", "/queue/stats", ("queue", "stats"), "queue_stats"),
     OperatorCommand(
         "queue-purge", "Delete finished jobs of one state older than a duration.", "POST",
-        "/queue/purge", ("queue", "purge"), h.queue_purge,
+        "/queue/purge", ("queue", "purge"), "queue_purge",
         options=(
             Option(("--state",), "state", "done, partial, dead or cancelled",
                    choices=("done", "partial", "dead", "cancelled")),
@@ -185,17 +178,17 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     ),
     OperatorCommand(
         "queue-list", "List retry jobs, newest first.", "GET", "/queue", ("queue", "list"),
-        h.queue_list,
+        "queue_list",
         options=(Option(("--state",), "state", "only jobs in this state"),
                  Option(("--limit",), "limit", "at most this many (default 100)")),
-        render=r.render_jobs,
+        render="jobs",
     ),
     OperatorCommand("queue-show", "One retry job with its attempts.", "GET", "/queue/{id}",
-                    ("queue", "show"), h.queue_show),
+                    ("queue", "show"), "queue_show"),
     OperatorCommand("queue-retry", "Make a parked or dead job due now.", "POST",
-                    "/queue/{id}/retry", ("queue", "retry"), h.queue_retry),
+                    "/queue/{id}/retry", ("queue", "retry"), "queue_retry"),
     OperatorCommand("queue-cancel", "Cancel a job that is not running.", "POST",
-                    "/queue/{id}/cancel", ("queue", "cancel"), h.queue_cancel),
+                    "/queue/{id}/cancel", ("queue", "cancel"), "queue_cancel"),
 )
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry import Capability, DisabledEntry, ProbeResult, RegistrySnapshot, parameters_schema
+from capd.registry import (
+    Capability,
+    DisabledEntry,
+    ProbeResult,
+    RegistrySnapshot,
+    parameters_schema,
+)
 
 
 def probe_view(result: ProbeResult | None) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from registry import Capability, SearchIndex
+from capd.registry import Capability, SearchIndex
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

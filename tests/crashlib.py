@@ -27,7 +27,7 @@ import signal
 from pathlib import Path
 
 from pydantic import BaseModel
-from registry import PermanentToolError, TransientToolError, op
+from capd.registry import PermanentToolError, TransientToolError, op
 
 
 class Token(BaseModel):

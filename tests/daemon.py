@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from sidecar._client import Response, request
+from capd.sidecar.client._client import Response, request
 
 
 class DaemonProcess:
@@ -32,7 +32,7 @@ class DaemonProcess:
 
     def start(self) -> DaemonProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", "--config", str(self.config),
+            [sys.executable, "-m", "capd", "serve", "--config", str(self.config),
              "--socket", str(self.socket)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
         )
@@ -166,7 +166,7 @@ import asyncio
 import os
 
 from pydantic import BaseModel, Field
-from registry import TransientToolError, op
+from capd.registry import TransientToolError, op
 
 VERSION = "v1"
 

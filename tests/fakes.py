@@ -7,7 +7,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
-from registry import Capability, CommandProbe, ProbeResult, Registry, ToolSpec
+from capd.registry import Capability, CommandProbe, ProbeResult, Registry, ToolSpec
 
 
 class FlipProbe:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from registry import (
+from capd.registry import (
     BuildConfig,
     Capability,
     CommandProbe,
@@ -31,7 +31,7 @@ from .test_mcp import bridge, data
 
 PLUGIN = '''
 from pydantic import BaseModel, Field
-from registry import capability, op
+from capd.registry import capability, op
 
 class Echo(BaseModel):
     text: str = Field("x", description="What to echo.")
@@ -274,7 +274,7 @@ def test_http_unknown_name_suggests_the_alias(aliased: DaemonProcess) -> None:
 
 
 def capd(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sidecar", *args, "--socket",
+    return subprocess.run([sys.executable, "-m", "capd", *args, "--socket",
                            str(daemon.socket)], capture_output=True, text=True, timeout=60,
                           check=False)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel
 
-from sidecar._api import RequestIds, dumps
+from capd.sidecar.server._api import RequestIds, dumps
 
 
 class Point(BaseModel):

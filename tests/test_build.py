@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 import pytest
 
-from registry import (
+from capd.registry import (
     BuildConfig,
     CommandProbe,
     PathProbe,
@@ -25,7 +25,7 @@ from .conftest import HttpServer
 
 PLUGIN = '''
 from pydantic import BaseModel, Field
-from registry import capability, op
+from capd.registry import capability, op
 
 class Echo(BaseModel):
     text: str = Field(description="What to echo.")
@@ -66,7 +66,7 @@ async def test_build_partitions_live_and_disabled_with_reasons(
 ) -> None:
     """Capabilities whose tools all pass are live; the others carry missing tools and errors."""
     plugin_dir("demo_plugin_a", PLUGIN)
-    from registry import HttpProbe
+    from capd.registry import HttpProbe
 
     tools: dict[str, ToolSpec] = {
         "sh": CommandProbe(which="sh"),

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CAPD = [sys.executable, "-m", "sidecar"]
+CAPD = [sys.executable, "-m", "capd"]
 
 
 def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None

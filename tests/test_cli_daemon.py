@@ -14,7 +14,7 @@ from .daemon import DaemonProcess
 def capd(daemon: DaemonProcess | None, *args: str, socket: Path | None = None
          ) -> subprocess.CompletedProcess[str]:
     path = socket or (daemon.socket if daemon else Path("/nonexistent"))
-    return subprocess.run([sys.executable, "-m", "sidecar", *args, "--socket", str(path)],
+    return subprocess.run([sys.executable, "-m", "capd", *args, "--socket", str(path)],
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -92,6 +92,6 @@ def test_usage_errors_exit_2(short_tmp: Path) -> None:
     assert "use key=value" in bad_p.stderr
     bad_json = capd(None, "call", "e2e.echo", "--params", "{nope", socket=short_tmp / "s")
     assert bad_json.returncode == 2
-    missing = subprocess.run([sys.executable, "-m", "sidecar", "show"], capture_output=True,
+    missing = subprocess.run([sys.executable, "-m", "capd", "show"], capture_output=True,
                              text=True, timeout=30, check=False)
     assert missing.returncode == 2

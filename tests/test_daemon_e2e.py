@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from sidecar._client import Response
+from capd.sidecar.client._client import Response
 
 from .conftest import Start
 from .daemon import DaemonProcess, FlipServer
@@ -191,7 +191,7 @@ def test_a_stale_socket_is_replaced_and_a_second_daemon_refused(
     # Its own state dir: the socket check is what this pins (two daemons on one state dir
     # have their own test in test_hardening_e2e).
     second = subprocess.run(
-        [sys.executable, "-m", "sidecar", "serve", "--config", str(daemon.config),
+        [sys.executable, "-m", "capd", "serve", "--config", str(daemon.config),
          "--socket", str(daemon.socket)], capture_output=True, text=True, timeout=60,
         check=False, env={**os.environ, "CAPD_STATE_DIR": str(short_tmp / "state2")})
     assert second.returncode == 1

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from recovery._deadline import RESOLUTION_S, deadline
+from capd.recovery._deadline import RESOLUTION_S, deadline
 
 
 async def test_an_overrun_block_raises_timeout_error_soon_after_its_deadline() -> None:

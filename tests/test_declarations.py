@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from registry import ConfigError, OpTable, load_declarations, op
-from registry._ops import OpSpec
+from capd.registry import ConfigError, OpTable, load_declarations, op
+from capd.registry._ops import OpSpec
 
 
 class NoteParams(BaseModel):

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from recovery import combine, verify_post_write_effects
-from registry import Capability, OpTable, op
-from registry._ops import OpSpec
+from capd.recovery import combine, verify_post_write_effects
+from capd.registry import Capability, OpTable, op
+from capd.registry._ops import OpSpec
 
 from .daemon import FlipServer
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import recovery
-import registry
-import sidecar
+import subprocess
+import sys
+from pathlib import Path
+
+from capd import recovery, registry, sidecar
+from capd.sidecar import client, server
 
 REGISTRY = {
     "BuildConfig", "CapabilitySpec", "Capability", "CapdError", "CommandEffect", "CommandProbe",
@@ -29,11 +32,17 @@ def test_registry_exports() -> None:
 
 
 SIDECAR = {
-    "COMMANDS", "BadRequest", "Caller", "CapdConfig", "Daemon", "DaemonUnreachable", "Draining",
-    "Gateway", "InvalidParams", "LoadedConfig", "McpTool", "OperatorCommand", "Option",
-    "SidecarError", "SocketInUse", "StateDirLocked", "ToolResult", "ToolResultStatus",
-    "UnsafeSocketFolder", "load_config",
+    "COMMANDS", "BadRequest", "DaemonUnreachable", "Draining", "InvalidParams", "McpTool",
+    "OperatorCommand", "Option", "SidecarError", "SocketInUse", "StateDirLocked",
+    "UnsafeSocketFolder", "capd_version", "default_socket_path",
 }
+
+SERVER = {
+    "Caller", "CapdConfig", "Daemon", "Gateway", "LoadedConfig", "ToolResult", "ToolResultStatus",
+    "load_config", "run_daemon",
+}
+
+CLIENT = {"Response", "main", "request"}
 
 RECOVERY = {
     "DEFAULT_COOLDOWN_S", "JOB_STATES", "Attempt", "BackoffPolicy", "CallKind", "CallOutcome",
@@ -52,7 +61,51 @@ RECOVERY = {
 def test_sidecar_and_recovery_exports() -> None:
     """sidecar and recovery export exactly the pinned names, all resolvable."""
     assert set(sidecar.__all__) == SIDECAR
+    assert set(server.__all__) == SERVER
+    assert set(client.__all__) == CLIENT
     assert set(recovery.__all__) == RECOVERY
-    for module in (sidecar, recovery):
+    for module in (sidecar, server, client, recovery):
         for name in module.__all__:
             assert getattr(module, name) is not None
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _imported_after(code: str) -> set[str]:
+    """The capd modules a fresh interpreter has loaded after running ``code``."""
+    probe = (f"{code}\nimport sys\n"
+             "print('\\n'.join(m for m in sys.modules if m.split('.')[0] in "
+             "('capd', 'registry', 'recovery', 'sidecar')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, cwd="/")
+    return set(done.stdout.split())
+
+
+def test_the_client_never_imports_the_server() -> None:
+    """`capd call` / `capd mcp` load the client side only: no server module is imported."""
+    loaded = _imported_after("import capd.sidecar.client, capd.sidecar.client._mcp")
+    assert "capd.sidecar.client.cli" in loaded
+    assert not {m for m in loaded if m.startswith("capd.sidecar.server")}, loaded
+
+
+def test_capd_is_the_only_installed_name() -> None:
+    """From outside the checkout, capd.* imports and the bare folder names do not."""
+    loaded = _imported_after("import capd.registry, capd.sidecar, capd.recovery")
+    assert {"capd.registry", "capd.sidecar", "capd.recovery"} <= loaded
+    for bare in ("registry", "sidecar", "recovery"):
+        done = subprocess.run([sys.executable, "-c", f"import {bare}"], capture_output=True,
+                              text=True, check=False, cwd="/")
+        assert done.returncode == 1, f"`import {bare}` worked: {done.stdout}"
+        assert "ModuleNotFoundError" in done.stderr
+
+
+def test_no_code_imports_a_bare_package_name() -> None:
+    """Inside the tree every import says capd.*: a bare `registry` would load a second copy."""
+    import re
+
+    bare = re.compile(r"^\s*(from|import) (registry|recovery|sidecar)\b", re.M)
+    offenders = [str(path.relative_to(ROOT))
+                 for folder in ("registry", "recovery", "sidecar", "tests", "bench", "examples")
+                 for path in (ROOT / folder).rglob("*.py") if bare.search(path.read_text())]
+    assert offenders == []

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from recovery import Rechecker
-from registry import (
+from capd.recovery import Rechecker
+from capd.registry import (
     Blocked,
     Capability,
     Partial,
@@ -18,8 +18,8 @@ from registry import (
     TransientToolError,
     UnknownCapability,
 )
-from sidecar._errors import Draining, InvalidParams
-from sidecar._gateway import Caller, Gateway, ToolResult
+from capd.sidecar._errors import Draining, InvalidParams
+from capd.sidecar.server._gateway import Caller, Gateway, ToolResult
 
 from .fakes import Clock, FlipProbe, Params, make_registry
 

@@ -17,14 +17,14 @@ import aiohttp
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from recovery import Rechecker, verify_post_write_effects
-from recovery._calls import classify_error
-from registry import Blocked, Capability, OpTable, PythonProbe, run_probe
-from registry._ops import OpSpec
-from sidecar._errors import StateDirLocked, UnsafeSocketFolder
-from sidecar._gateway import Caller, Gateway
-from sidecar._socket import check_socket_folder
-from sidecar._statelock import acquire_state_lock
+from capd.recovery import Rechecker, verify_post_write_effects
+from capd.recovery._calls import classify_error
+from capd.registry import Blocked, Capability, OpTable, PythonProbe, run_probe
+from capd.registry._ops import OpSpec
+from capd.sidecar._errors import StateDirLocked, UnsafeSocketFolder
+from capd.sidecar.server._gateway import Caller, Gateway
+from capd.sidecar.server._socket import check_socket_folder
+from capd.sidecar.server._statelock import acquire_state_lock
 
 from .fakes import Clock, FlipProbe, Params, make_registry
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sidecar._client import Response, _UnixConnection, request
+from capd.sidecar.client._client import Response, _UnixConnection, request
 
 from .daemon import DaemonProcess, FlipServer
 
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from pydantic import BaseModel, Field
-from registry import op
+from capd.registry import op
 
 HERE = Path(__file__).parent
 
@@ -374,7 +374,7 @@ def test_a_second_daemon_on_the_same_state_dir_exits_naming_the_holder(
 def test_serve_without_a_config_exits_1_and_says_what_to_do(tmp_path: Path) -> None:
     """No --config, no CAPD_CONFIG, no ./capd.toml: exit 1, never an empty daemon."""
     env = {k: v for k, v in os.environ.items() if k != "CAPD_CONFIG"}
-    done = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--socket",
+    done = subprocess.run([sys.executable, "-m", "capd", "serve", "--socket",
                            str(tmp_path / "s.sock")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1, done

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar._http import HttpRequest, HttpResponse, HttpServer, ServerHooks
+from capd.sidecar.server._http import HttpRequest, HttpResponse, HttpServer, ServerHooks
 
 LIMIT = 1024
 

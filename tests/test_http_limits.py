@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from sidecar._http import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer, ServerHooks
+from capd.sidecar.server._http import (
+    MAX_PIPELINED,
+    HttpRequest,
+    HttpResponse,
+    HttpServer,
+    ServerHooks,
+)
 
 
 class Gate:

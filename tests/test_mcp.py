@@ -15,8 +15,8 @@ import mcp_types as types
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from sidecar._mcp import META_TOOLS
-from sidecar._table import COMMANDS
+from capd.sidecar._table import COMMANDS
+from capd.sidecar.client._mcp import META_TOOLS
 
 from .conftest import Start
 from .daemon import DaemonProcess, FlipServer
@@ -27,7 +27,7 @@ async def bridge(socket: Path, *extra: str, seen: list[str] | None = None
                  ) -> AsyncIterator[ClientSession]:
     """The bridge as a subprocess, and an initialized client session to it."""
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "sidecar", "mcp", "--socket", str(socket),
+                                   args=["-m", "capd", "mcp", "--socket", str(socket),
                                          *extra])
 
     async def on_message(message: Any) -> None:
@@ -146,7 +146,7 @@ def test_unknown_capability_in_a_profile_stops_the_bridge(start: Start, short_tm
     daemon = start()
     profile = short_tmp / "bad.toml"
     profile.write_text('capabilities = ["e2e.echo", "e2e.nope"]\n')
-    done = subprocess.run([sys.executable, "-m", "sidecar", "mcp", "--socket",
+    done = subprocess.run([sys.executable, "-m", "capd", "mcp", "--socket",
                            str(daemon.socket), "--profile", str(profile)], input="",
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
@@ -157,7 +157,7 @@ def test_mcp_config_prints_the_client_entry(short_tmp: Path) -> None:
     """mcp-config prints a JSON mcpServers entry that launches the bridge with the profile."""
     profile = short_tmp / "p.toml"
     profile.write_text('name = "ops"\ntags = ["e2e"]\n')
-    done = subprocess.run([sys.executable, "-m", "sidecar", "mcp-config", "--profile",
+    done = subprocess.run([sys.executable, "-m", "capd", "mcp-config", "--profile",
                            str(profile), "--socket", "/run/capd/capd.sock"],
                           capture_output=True, text=True, timeout=60, check=True)
     entry = json.loads(done.stdout)["mcpServers"]["capd-ops"]

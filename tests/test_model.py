@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from registry import Capability, TemplateError, placeholders, render
+from capd.registry import Capability, TemplateError, placeholders, render
 
 
 class NoteParams(BaseModel):

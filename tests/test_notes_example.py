@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from registry import PermanentToolError, parameters_schema
+from capd.registry import PermanentToolError, parameters_schema
 
 from .conftest import EXAMPLES
 from .daemon import DaemonProcess

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from sidecar._api import Api
-from sidecar._config import load_config
-from sidecar._daemon import Daemon
-from sidecar._table import COMMANDS
-from sidecar.cli import LOCAL_COMMANDS, make_parser
+from capd.sidecar._table import COMMANDS
+from capd.sidecar.client.cli import LOCAL_COMMANDS, make_parser
+from capd.sidecar.server._api import Api
+from capd.sidecar.server._config import load_config
+from capd.sidecar.server._daemon import Daemon
 
 
 def _cli_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
@@ -54,3 +54,12 @@ def test_every_table_subcommand_takes_json_and_socket() -> None:
         assert args.json is True
         assert args.socket == "/s"
         assert args.row == row.id
+
+
+def test_every_row_names_a_handler_and_a_renderer_that_exist() -> None:
+    """The table holds names; the server and the client each resolve every one."""
+    from capd.sidecar.client._render import RENDERERS
+    from capd.sidecar.server._handlers import HANDLERS
+
+    assert {row.handler for row in COMMANDS} == set(HANDLERS)
+    assert {row.render for row in COMMANDS} <= set(RENDERERS)

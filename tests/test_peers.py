@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from sidecar._gateway import Caller
-from sidecar._peers import PeerPolicy, RateLimiter
+from capd.sidecar.server._gateway import Caller
+from capd.sidecar.server._peers import PeerPolicy, RateLimiter
 
 from .fakes import Clock
 

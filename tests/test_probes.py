@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import (
+from capd.registry import (
     CommandProbe,
     HttpProbe,
     PathProbe,
@@ -276,7 +276,7 @@ async def test_probe_all_runs_every_probe_once_and_concurrently() -> None:
             gate.set()
         await gate.wait()
         active -= 1
-        from registry import ProbeResult
+        from capd.registry import ProbeResult
 
         return ProbeResult(tool=tool, ok=True, latency_s=0.0, checked_at=0.0)
 

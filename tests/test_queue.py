@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery import (
+from capd.recovery import (
     BackoffPolicy,
     EnqueueRequest,
     IdempotencyConflict,
@@ -21,7 +21,7 @@ from recovery import (
     RetryQueue,
     UnknownJob,
 )
-from recovery._queue import SCHEMA_VERSION
+from capd.recovery._queue import SCHEMA_VERSION
 
 from .fakes import Clock
 

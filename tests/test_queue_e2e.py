@@ -13,7 +13,7 @@ from .daemon import DaemonProcess
 
 
 def capd(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sidecar", *args, "--socket",
+    return subprocess.run([sys.executable, "-m", "capd", *args, "--socket",
                            str(daemon.socket)], capture_output=True, text=True, timeout=60,
                           check=False)
 
@@ -116,7 +116,7 @@ def test_a_corrupt_queue_file_stops_the_daemon_with_a_clear_message(short_tmp: P
     run.db.parent.mkdir(parents=True, exist_ok=True)
     garbage = b"definitely not sqlite" * 64
     run.db.write_bytes(garbage)
-    done = subprocess.run([sys.executable, "-m", "sidecar", "serve", "--config",
+    done = subprocess.run([sys.executable, "-m", "capd", "serve", "--config",
                            str(short_tmp / "capd.toml"), "--socket", str(run.socket)],
                           capture_output=True, text=True, timeout=60, check=False,
                           env={**__import__("os").environ, **run.env})

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from recovery import (
+from capd.recovery import (
     BackoffPolicy,
     EnqueueRequest,
     Job,
@@ -23,7 +23,7 @@ from recovery import (
     QueueStorageError,
     RetryQueue,
 )
-from recovery._queue import SCHEMA_VERSION
+from capd.recovery._queue import SCHEMA_VERSION
 
 from .fakes import Clock
 

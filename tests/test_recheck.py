@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from recovery import Rechecker, UnknownTool
-from registry import UnknownCapability
+from capd.recovery import Rechecker, UnknownTool
+from capd.registry import UnknownCapability
 
 from .fakes import Clock, FlipProbe, make_registry
 

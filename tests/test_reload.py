@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 
-from registry import PluginError, Registry
-from sidecar._reload import Reloader, ReloadOutcome
+from capd.registry import PluginError, Registry
+from capd.sidecar.server._reload import Reloader, ReloadOutcome
 
 from .fakes import make_registry
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, Field
 
-from registry import parameters_schema
+from capd.registry import parameters_schema
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from registry import Capability, SearchIndex, estimate_tokens, success_boost, tokenize
-from registry._search import expand
-from registry._thesaurus import EXPANSION_WEIGHT
+from capd.registry import Capability, SearchIndex, estimate_tokens, success_boost, tokenize
+from capd.registry._search import expand
+from capd.registry._thesaurus import EXPANSION_WEIGHT
 
 from .catalogue import (
     BLIND_SET,

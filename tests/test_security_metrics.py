@@ -96,7 +96,7 @@ def test_metrics_match_the_calls_made(start: Start) -> None:
     assert samples[("capd_capabilities", (("state", "live"),))] == 5
     assert samples[("capd_tool_up", (("tool", "web"),))] == 1
     assert samples[("capd_queue_jobs", (("state", "pending"),))] == 0
-    cli = subprocess.run([sys.executable, "-m", "sidecar", "metrics", "--socket",
+    cli = subprocess.run([sys.executable, "-m", "capd", "metrics", "--socket",
                           str(daemon.socket)], capture_output=True, text=True, timeout=30,
                          check=False)
     assert cli.returncode == 0
@@ -107,7 +107,7 @@ def test_console_log_format(short_tmp: Path, web: FlipServer) -> None:
     """--log-format console prints human lines, not JSON."""
     config = write_e2e_config(short_tmp, web.port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--config", str(config), "--socket",
+        [sys.executable, "-m", "capd", "serve", "--config", str(config), "--socket",
          str(short_tmp / "c.sock"), "--log-format", "console"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep, RunningAttempts
-from registry import (
+from capd.recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep, RunningAttempts
+from capd.registry import (
     Capability,
     CommandProbe,
     PermanentToolError,

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from sidecar._client import request
-from sidecar._systemd import Notifier, run_watchdog, watchdog_interval_s
+from capd.sidecar.client._client import request
+from capd.sidecar.server._systemd import Notifier, run_watchdog, watchdog_interval_s
 
 from .conftest import Start
 from .daemon import FlipServer, write_e2e_config
@@ -129,7 +129,7 @@ def test_socket_activation_with_a_pre_bound_socket(short_tmp: Path, web: FlipSer
     listener.bind(str(path))
     listener.listen(16)
     fd = listener.fileno()
-    script = (f'LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=api exec "{sys.executable}" -m sidecar'
+    script = (f'LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=api exec "{sys.executable}" -m capd'
               f' serve --config "{config}" --socket "{short_tmp / "unused.sock"}" 3<&{fd}')
     proc = subprocess.Popen(["bash", "-c", script], pass_fds=(fd,), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, Field
 
-from registry import PermanentToolError, op
+from capd.registry import PermanentToolError, op
 
 NOTE_NAME = r"^[A-Za-z0-9][A-Za-z0-9 _-]{0,99}$"
 # Every character str.splitlines() breaks on, so a title stays one Markdown heading.

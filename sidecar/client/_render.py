@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 
@@ -58,3 +59,14 @@ def render_search(body: Any) -> str:
     for hit in body["results"]:
         lines.append(f"{hit['state']:<9} {hit['name']:<32} {hit['summary']}")
     return "\n".join(lines) or "no capability matches"
+
+
+RENDERERS: dict[str, Callable[[Any], str]] = {
+    "json": render_json,
+    "call": render_call,
+    "health": render_health,
+    "jobs": render_jobs,
+    "list": render_list,
+    "search": render_search,
+}
+"""How the CLI prints an answer, by the name an operator-table row gives."""

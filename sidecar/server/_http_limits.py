@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 
 if TYPE_CHECKING:
-    from sidecar._http import HttpConnection, ServerHooks
+    from capd.sidecar.server._http import HttpConnection, ServerHooks
 
 log = structlog.get_logger("capd.http")
 

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from registry import CapdError, ConfigError, build
+from capd.registry import CapdError, ConfigError, build
 
+from .._paths import DEFAULT_CONFIG_ENV, default_socket_path
+from .._table import COMMANDS, OperatorCommand
+from .._views import check_report, render_check_table
 from ._client import request
-from ._config import DEFAULT_CONFIG_ENV, load_config
-from ._socket import default_socket_path
-from ._table import COMMANDS, OperatorCommand
-from ._views import check_report, render_check_table
+from ._render import RENDERERS
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -57,6 +57,8 @@ def _socket_path(value: str | None) -> Path:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Build the registry once and print live and disabled capabilities."""
+    from ..server import load_config
+
     loaded = load_config(_config_path(args.config))
     registry = asyncio.run(build(loaded.build_config()))
     report = check_report(registry.snapshot())
@@ -69,8 +71,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT."""
-    from ._daemon import Daemon, run_daemon
-    from ._logging import configure_logging
+    from .._logging import configure_logging
+    from ..server import Daemon, load_config, run_daemon
 
     writer = configure_logging(args.log_level, args.log_format)
     # A reload re-imports plugins; cached bytecode could hide an edit made within
@@ -98,7 +100,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     """Serve MCP on stdio, forwarding to the daemon."""
     import anyio
 
-    from ._logging import configure_logging
+    from .._logging import configure_logging
     from ._mcp import Bridge, DaemonDown, DaemonLink, load_profile, serve
 
     configure_logging("warning", "json", stream=sys.stderr)  # stdout is the MCP channel
@@ -197,7 +199,7 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
     elif not row.json_mode:
         print(response.body.get("status") if isinstance(response.body, dict) else response.body)
     else:
-        print(row.render(response.body))
+        print(RENDERERS[row.render](response.body))
     return EXIT_OK if ok else EXIT_FAILED
 
 

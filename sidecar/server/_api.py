@@ -23,22 +23,22 @@ import orjson
 import structlog
 from structlog.contextvars import bind_contextvars
 
-from recovery import (
+from capd.recovery import (
     IdempotencyConflict,
     InvalidTransition,
     QueueClosed,
     UnknownJob,
     UnknownTool,
 )
-from registry import CapdError, UnknownCapability
+from capd.registry import CapdError, UnknownCapability
 
-from ._errors import BadRequest, Draining, InvalidParams
+from .._errors import BadRequest, Draining, InvalidParams
+from .._table import COMMANDS, OperatorCommand
 from ._gateway import Caller
-from ._handlers import Context, Reply
+from ._handlers import HANDLERS, Context, Reply
 from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
 from ._peers import PeerPolicy, RateLimiter
-from ._table import COMMANDS, OperatorCommand
 
 if TYPE_CHECKING:
     from ._daemon import Daemon
@@ -250,7 +250,7 @@ class Api:
             ctx = Context(daemon=self._daemon, path=path_params, query=query, body=body,
                           caller=caller, request_id=request_id,
                           idempotency_key=headers.get("idempotency-key"))
-            reply = await row.handler(ctx)
+            reply = await HANDLERS[row.handler](ctx)
         except Exception as exc:  # every failure becomes a problem+json answer
             response = _problem_for(exc, request.path)
             response.headers["X-Request-Id"] = request_id

@@ -31,10 +31,10 @@ import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 
-from registry import ConfigError
+from capd.registry import ConfigError
 
-from ._daemon import capd_version
-from ._table import COMMANDS, McpTool
+from .._paths import capd_version
+from .._table import COMMANDS, McpTool
 
 META_TOOLS: dict[str, McpTool] = {row.mcp.name: row.mcp for row in COMMANDS if row.mcp}
 _ROWS = {row.mcp.name: row for row in COMMANDS if row.mcp}

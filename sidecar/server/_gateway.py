@@ -27,11 +27,11 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from recovery import Rechecker, apply_passive_health, call_capability
-from registry import Blocked, Capability, Registry
+from capd.recovery import Rechecker, apply_passive_health, call_capability
+from capd.registry import Blocked, Capability, Registry
 
-from ._errors import Draining, InvalidParams
-from ._logging import log_call
+from .._errors import Draining, InvalidParams
+from .._logging import log_call
 
 ToolResultStatus = Literal[
     "success", "partial", "error_transient", "error_permanent", "error_blocked"

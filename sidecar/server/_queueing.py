@@ -10,8 +10,14 @@ from typing import Any
 import structlog
 from pydantic import BaseModel
 
-from recovery import EnqueueRequest, IdempotencyConflict, QueueError, RetryQueue, RunningAttempts
-from registry import Capability
+from capd.recovery import (
+    EnqueueRequest,
+    IdempotencyConflict,
+    QueueError,
+    RetryQueue,
+    RunningAttempts,
+)
+from capd.registry import Capability
 
 from ._gateway import ToolResult
 

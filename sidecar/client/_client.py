@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import DaemonUnreachable
+from .._errors import DaemonUnreachable
 
 
 class _UnixConnection(http.client.HTTPConnection):

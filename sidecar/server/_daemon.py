@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib.metadata
 import os
 import resource
 import signal
@@ -26,9 +25,10 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
-from registry import Registry, build
+from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
+from capd.registry import Registry, build
 
+from .._paths import capd_version, default_socket_path
 from ._api import Api
 from ._config import LoadedConfig, load_config
 from ._gateway import Gateway
@@ -37,7 +37,7 @@ from ._metrics import Metrics
 from ._peers import PeerPolicy, RateLimiter
 from ._queueing import QueueSink
 from ._reload import Reloader
-from ._socket import bind_unix_socket, default_socket_path, remove_socket, socket_inode
+from ._socket import bind_unix_socket, remove_socket, socket_inode
 from ._statelock import acquire_state_lock
 from ._systemd import Notifier, inherited_socket, run_watchdog, watchdog_interval_s
 
@@ -63,14 +63,6 @@ def raise_fd_limit(wanted: int) -> int:
             return soft
         return target
     return soft
-
-
-def capd_version() -> str:
-    """The installed package's version."""
-    try:
-        return importlib.metadata.version("capd")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.0.0+unknown"
 
 
 class Daemon:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from registry import CapdError, Registry
+from capd.registry import CapdError, Registry
 
 log = structlog.get_logger("capd.reload")
 

@@ -47,7 +47,7 @@ from urllib.parse import unquote
 import httptools
 import structlog
 
-from sidecar._http_limits import BufferBudget, FlowControl, ServerState
+from capd.sidecar.server._http_limits import BufferBudget, FlowControl, ServerState
 
 log = structlog.get_logger("capd.http")
 

@@ -14,7 +14,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from ._errors import SidecarError, StateDirLocked
+from .._errors import SidecarError, StateDirLocked
 
 LOCK_NAME = "capd.lock"
 

@@ -1,4 +1,4 @@
-"""Binding the daemon's Unix socket: stale-file detection, modes, default paths."""
+"""Binding the daemon's Unix socket: stale-file detection, modes, the folder's owner."""
 
 from __future__ import annotations
 
@@ -8,20 +8,10 @@ import socket
 import stat
 from pathlib import Path
 
-from ._errors import SidecarError, SocketInUse, UnsafeSocketFolder
+from .._errors import SidecarError, SocketInUse, UnsafeSocketFolder
 
 SOCKET_MODE = 0o660
 DIR_MODE = 0o750
-
-
-def default_socket_path() -> Path:
-    """``/run/capd/capd.sock`` as root, else ``$XDG_RUNTIME_DIR/capd/capd.sock``."""
-    if os.geteuid() == 0:
-        return Path("/run/capd/capd.sock")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "capd" / "capd.sock"
-    return Path(f"/tmp/capd-{os.getuid()}") / "capd.sock"
 
 
 def is_answering(path: Path, timeout_s: float = 1.0) -> bool:

@@ -15,11 +15,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from recovery import BackoffPolicy, default_state_dir
-from registry import BuildConfig, ConfigError, DeclarationError, TemplateError, ToolSpec
-from registry._declarations import describe_validation_error, parse_tool, render_vars
-
-DEFAULT_CONFIG_ENV = "CAPD_CONFIG"
+from capd.recovery import BackoffPolicy, default_state_dir
+from capd.registry import BuildConfig, ConfigError, DeclarationError, TemplateError, ToolSpec
+from capd.registry._declarations import describe_validation_error, parse_tool, render_vars
 
 
 class CapdConfig(BaseSettings):

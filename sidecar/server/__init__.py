@@ -1,0 +1,21 @@
+"""The daemon: config, lifecycle, the HTTP server on the Unix socket, the gateway, metrics.
+
+``Daemon`` is the one place that wires things; request handlers and metrics read it
+through the narrow :class:`Services` protocol (``_services.py``).
+"""
+
+from ._config import CapdConfig, LoadedConfig, load_config
+from ._daemon import Daemon, run_daemon
+from ._gateway import Caller, Gateway, ToolResult, ToolResultStatus
+
+__all__ = [
+    "Caller",
+    "CapdConfig",
+    "Daemon",
+    "Gateway",
+    "LoadedConfig",
+    "ToolResult",
+    "ToolResultStatus",
+    "load_config",
+    "run_daemon",
+]
