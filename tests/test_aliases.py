@@ -252,6 +252,7 @@ def aliased(short_tmp: Path, web: FlipServer) -> Iterator[DaemonProcess]:
         daemon.kill()
 
 
+@pytest.mark.slow
 def test_http_get_and_call_by_alias_answer_for_the_capability(aliased: DaemonProcess) -> None:
     """GET /capabilities/<alias> is the manifest, POST /call/<alias> runs it, both canonical."""
     manifest = aliased.call("GET", "/capabilities/e2e.say")
@@ -266,6 +267,7 @@ def test_http_get_and_call_by_alias_answer_for_the_capability(aliased: DaemonPro
     assert telemetry["calls"] == {"success": 1}
 
 
+@pytest.mark.slow
 def test_http_unknown_name_suggests_the_alias(aliased: DaemonProcess) -> None:
     """A near miss of an alias is a 404 whose suggestions name the alias."""
     missed = aliased.call("GET", "/capabilities/e2e.sa")
@@ -279,6 +281,7 @@ def capd(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
+@pytest.mark.slow
 def test_cli_show_and_call_take_an_alias(aliased: DaemonProcess) -> None:
     """`capd show ALIAS` and `capd call ALIAS` exit 0 and answer for the capability."""
     show = capd(aliased, "show", "e2e.say")
@@ -289,6 +292,7 @@ def test_cli_show_and_call_take_an_alias(aliased: DaemonProcess) -> None:
     assert '"capability": "e2e.echo"' in call.stdout.replace('":"', '": "')
 
 
+@pytest.mark.slow
 async def test_mcp_bridge_checks_an_alias_as_its_capability(
     aliased: DaemonProcess, short_tmp: Path
 ) -> None:

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
+
 CAPD = [sys.executable, "-m", "capd"]
 
 

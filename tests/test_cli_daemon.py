@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import Start
 from .daemon import DaemonProcess
+
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 
 
 def capd(daemon: DaemonProcess | None, *args: str, socket: Path | None = None

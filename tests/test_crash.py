@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from .crashlib import CrashRun, summary
+
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 
 KILLS = int(os.environ.get("CAPD_CRASH_KILLS", "52"))
 

@@ -10,10 +10,14 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from capd.sidecar.client._client import Response
 
 from .conftest import Start
 from .daemon import DaemonProcess, FlipServer
+
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 
 
 def health_status(daemon: DaemonProcess) -> str:
@@ -86,6 +90,15 @@ def test_a_broken_plugin_reload_leaves_the_old_registry_serving(
     status = daemon.call("GET", "/status").body
     assert "SyntaxError" in status["reload"]["last"]["error"]
     assert daemon.wait_event("reload_failed")["error"] == reload.body["error"]
+    # /health warns with the reason until the next good reload
+    health = daemon.call("GET", "/health")
+    assert (health.status, health.body["status"]) == (200, "warn")
+    assert health.body["checks"]["reload:last"][0]["output"] == reload.body["error"]
+    assert "the last reload failed" in health.body["output"]
+    plugin.write_text(plugin.read_text().replace("\ndef broken(:\n", "\n"))
+    assert daemon.call("POST", "/reload").status == 200
+    health = daemon.call("GET", "/health")
+    assert (health.body["status"], "reload:last" in health.body["checks"]) == ("pass", False)
 
 
 def test_health_never_waits_on_a_slow_reload(start: Start, short_tmp: Path) -> None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from capd import recovery, registry, sidecar
 from capd.sidecar import client, server
 
@@ -38,8 +40,8 @@ SIDECAR = {
 }
 
 SERVER = {
-    "Caller", "CapdConfig", "Daemon", "Gateway", "LoadedConfig", "ToolResult", "ToolResultStatus",
-    "load_config", "run_daemon",
+    "Caller", "CapdConfig", "Daemon", "Gateway", "LoadedConfig", "Services", "ToolResult",
+    "ToolResultStatus", "load_config", "run_daemon",
 }
 
 CLIENT = {"Response", "main", "request"}
@@ -82,6 +84,7 @@ def _imported_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
+@pytest.mark.slow
 def test_the_client_never_imports_the_server() -> None:
     """`capd call` / `capd mcp` load the client side only: no server module is imported."""
     loaded = _imported_after("import capd.sidecar.client, capd.sidecar.client._mcp")
@@ -89,6 +92,7 @@ def test_the_client_never_imports_the_server() -> None:
     assert not {m for m in loaded if m.startswith("capd.sidecar.server")}, loaded
 
 
+@pytest.mark.slow
 def test_capd_is_the_only_installed_name() -> None:
     """From outside the checkout, capd.* imports and the bare folder names do not."""
     loaded = _imported_after("import capd.registry, capd.sidecar, capd.recovery")

@@ -24,13 +24,14 @@ from capd.sidecar.server._gateway import Caller, Gateway, ToolResult
 from .fakes import Clock, FlipProbe, Params, make_registry
 
 
-def gateway_for(func: Any, *, up: bool = True, **extra: Any) -> tuple[Gateway, FlipProbe, Any]:
+def gateway_for(func: Any, *, up: bool = True, failure_sink: Any = None,
+                **extra: Any) -> tuple[Gateway, FlipProbe, Any]:
     registry = make_registry({"t.op": ("tool",), "t.sibling": ("other",)},
                              {"tool": up, "other": True}, funcs={"t.op": func},
                              **{"t.op": {"tags": ("x",), **extra}, "t.sibling": {"tags": ("x",)}})
     probe = FlipProbe(tool=up, other=True)
     rechecker = Rechecker(lambda: registry, probe=probe, clock=Clock(), cooldown_s=30)
-    return Gateway(lambda: registry, rechecker), probe, registry
+    return Gateway(lambda: registry, rechecker, failure_sink=failure_sink), probe, registry
 
 
 async def echo(params: Params) -> str:
@@ -169,17 +170,19 @@ async def test_before_hook_can_block() -> None:
 async def test_in_flight_is_tracked_and_wait_idle_returns_when_done() -> None:
     """in_flight counts running calls; wait_idle returns once they finish."""
     gate = asyncio.Event()
+    entered = asyncio.Event()
 
     async def op(params: Params) -> str:
+        entered.set()
         await gate.wait()
         return "done"
 
     gateway, _, _ = gateway_for(op)
     call = asyncio.create_task(gateway.dispatch("t.op", {}))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(entered.wait(), 5)
     assert gateway.in_flight == 1
     idle = asyncio.create_task(gateway.wait_idle())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one loop turn: wait_idle is waiting
     assert not idle.done()
     gate.set()
     await asyncio.wait_for(idle, 5)
@@ -198,7 +201,6 @@ async def test_failure_sink_receives_transient_failures_of_mutating_calls() -> N
             return result.model_copy(update={"queued": "job-1"})
 
     gateway, _, _ = gateway_for(raiser(TransientToolError("later")), mutates_state=True,
-                                retry_policy="replay")
-    gateway.failure_sink = Sink()
+                                retry_policy="replay", failure_sink=Sink())
     result = await gateway.dispatch("t.op", {})
     assert (seen, result.queued) == (["t.op"], "job-1")

@@ -25,6 +25,8 @@ from capd.sidecar.client._client import Response, _UnixConnection, request
 
 from .daemon import DaemonProcess, FlipServer
 
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
+
 PACK = '''
 import os
 import socket

@@ -28,9 +28,31 @@ class Echo:
         self.release = asyncio.Event()
         self.started: list[str] = []
         self.finished: list[str] = []
+        self._changed = asyncio.Event()
+
+    async def wait_started(self, path: str) -> None:
+        """Return once the handler has been entered for ``path`` (bounded)."""
+        async with asyncio.timeout(5):
+            while path not in self.started:
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def wait_finished(self, path: str) -> None:
+        """Return once the handler has finished ``path`` (bounded)."""
+        async with asyncio.timeout(5):
+            while path not in self.finished:
+                self._changed.clear()
+                await self._changed.wait()
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         self.started.append(request.path)
+        self._changed.set()
+        try:
+            return await self._answer(request)
+        finally:
+            self._changed.set()
+
+    async def _answer(self, request: HttpRequest) -> HttpResponse:
         if request.path == "/slow":
             await self.release.wait()
         if request.path == "/bad-header":
@@ -237,15 +259,11 @@ async def test_a_client_that_leaves_mid_request_does_not_cut_the_handler_short(
     _reader, writer = await asyncio.open_unix_connection(str(path))
     writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n")
     await writer.drain()
-    await asyncio.sleep(0.05)
+    await echo.wait_started("/slow")
     writer.close()
-    await asyncio.sleep(0.05)
+    await writer.wait_closed()
     echo.release.set()
-    for _ in range(100):
-        if "/slow" in echo.finished:
-            break
-        await asyncio.sleep(0.01)
-    assert "/slow" in echo.finished
+    await echo.wait_finished("/slow")
     ok = await _exchange(path, b"GET /next HTTP/1.1\r\nHost: c\r\nConnection: close\r\n\r\n")
     assert ok.startswith(b"HTTP/1.1 200")
 
@@ -258,9 +276,8 @@ async def test_close_lets_a_busy_connection_answer_and_drops_idle_ones(
     busy_reader, busy_writer = await asyncio.open_unix_connection(str(path))
     busy_writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n")
     await busy_writer.drain()
-    await asyncio.sleep(0.05)
+    await echo.wait_started("/slow")
     closing = asyncio.create_task(server.close(grace_s=2.0))
-    await asyncio.sleep(0.1)
     assert await asyncio.wait_for(idle_reader.read(), timeout=2) == b""  # idle: closed
     echo.release.set()
     answer = await asyncio.wait_for(busy_reader.read(), timeout=3)
@@ -317,7 +334,7 @@ async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer
     reader, writer = await asyncio.open_unix_connection(str(path))
     writer.write(b"GET /slow HTTP/1.1\r\nHost: c\r\n\r\n")
     writer.write_eof()
-    await asyncio.sleep(0.05)
+    await echo.wait_started("/slow")
     echo.release.set()
     answer = await asyncio.wait_for(reader.read(), timeout=3)
     writer.close()

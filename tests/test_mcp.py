@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import mcp_types as types
+import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -20,6 +21,8 @@ from capd.sidecar.client._mcp import META_TOOLS
 
 from .conftest import Start
 from .daemon import DaemonProcess, FlipServer
+
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 
 
 @asynccontextmanager

@@ -225,6 +225,7 @@ def example_daemon(example_copy: Path, short_tmp: Path) -> Iterator[DaemonProces
         daemon.kill()
 
 
+@pytest.mark.slow
 def test_daemon_refuses_append_through_a_symlinked_note(
     example_daemon: DaemonProcess, example_copy: Path, outside: Path
 ) -> None:
@@ -242,6 +243,7 @@ def test_daemon_refuses_append_through_a_symlinked_note(
     assert fine.body["status"] == "success", fine.body
 
 
+@pytest.mark.slow
 def test_daemon_answers_422_to_a_title_with_a_line_break(
     example_daemon: DaemonProcess, example_copy: Path
 ) -> None:

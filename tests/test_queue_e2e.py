@@ -8,8 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .crashlib import CrashRun
 from .daemon import DaemonProcess
+
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 
 
 def capd(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,10 +17,12 @@ class Box:
         self.builds = 0
         self.gate = asyncio.Event()
         self.gate.set()
+        self.building = asyncio.Event()  # set when a rebuild has begun
         self.fail = False
 
     async def rebuild(self) -> Registry:
         self.builds += 1
+        self.building.set()
         await self.gate.wait()
         if self.fail:
             raise PluginError("demo", "SyntaxError: invalid syntax (demo.py:1)")
@@ -52,7 +54,7 @@ async def test_old_registry_serves_until_the_swap() -> None:
     box.gate.clear()
     reloader = reloader_for(box)
     task = asyncio.create_task(reloader.reload())
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(box.building.wait(), 5)
     assert reloader.running
     assert "a.old" in box.registry
     box.gate.set()
@@ -72,6 +74,10 @@ async def test_a_failed_reload_keeps_the_old_registry_and_says_why() -> None:
     )
     assert "a.old" in box.registry
     assert reloader.last == outcome
+    assert reloader.last_failure == outcome  # shown by /health until a good reload
+    box.fail = False
+    assert (await reloader.reload()).ok
+    assert reloader.last_failure is None
 
 
 async def test_concurrent_reloads_coalesce_into_one_follow_up() -> None:
@@ -80,9 +86,11 @@ async def test_concurrent_reloads_coalesce_into_one_follow_up() -> None:
     box.gate.clear()
     reloader = reloader_for(box)
     first = asyncio.create_task(reloader.reload())
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(box.building.wait(), 5)
     others = [asyncio.create_task(reloader.reload()) for _ in range(4)]
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one loop turn: each task has entered reload() and joined
+    assert reloader.running
+    assert not any(t.done() for t in others)
     box.gate.set()
     results = await asyncio.gather(first, *others)
     assert box.builds == 2

@@ -7,6 +7,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,20 +16,27 @@ from prometheus_client.parser import text_string_to_metric_families
 from .conftest import Start
 from .daemon import DaemonProcess, FlipServer, write_e2e_config
 
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
+
 PEER = "capd-test-peer"
 
 
 @pytest.fixture(scope="module")
-def peer_uid() -> int:
-    """A second uid, created here (the tests run as root in CI)."""
+def peer_uid() -> Iterator[int]:
+    """A second uid, created here and removed afterwards (the tests run as root in CI)."""
     if os.geteuid() != 0:
         pytest.skip("creating a second user needs root")
     try:
-        return pwd.getpwnam(PEER).pw_uid
+        yield pwd.getpwnam(PEER).pw_uid  # there before us: not ours to remove
+        return
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", PEER], check=True, timeout=60)
-        return pwd.getpwnam(PEER).pw_uid
+        pass
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                    "/usr/sbin/nologin", PEER], check=True, timeout=60)
+    try:
+        yield pwd.getpwnam(PEER).pw_uid
+    finally:
+        subprocess.run(["userdel", PEER], check=True, timeout=60)
 
 
 def curl_as(uid: int, socket_path: Path, path: str) -> str:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from capd.sidecar.client._client import request
 from capd.sidecar.server._systemd import Notifier, run_watchdog, watchdog_interval_s
 
@@ -90,6 +92,7 @@ async def test_watchdog_pings_at_half_the_interval(short_tmp: Path) -> None:
     notifier.close()
 
 
+@pytest.mark.slow
 def test_daemon_notifies_ready_reloading_watchdog_and_stopping(
     start: Start, short_tmp: Path
 ) -> None:
@@ -121,6 +124,7 @@ def test_daemon_notifies_ready_reloading_watchdog_and_stopping(
         listener.close()
 
 
+@pytest.mark.slow
 def test_socket_activation_with_a_pre_bound_socket(short_tmp: Path, web: FlipServer) -> None:
     """LISTEN_FDS: the daemon serves on the socket it was handed and never unlinks it."""
     config = write_e2e_config(short_tmp, web.port)

@@ -6,7 +6,8 @@ through the narrow :class:`Services` protocol (``_services.py``).
 
 from ._config import CapdConfig, LoadedConfig, load_config
 from ._daemon import Daemon, run_daemon
-from ._gateway import Caller, Gateway, ToolResult, ToolResultStatus
+from ._gateway import Gateway, ToolResult, ToolResultStatus
+from ._services import Caller, Services
 
 __all__ = [
     "Caller",
@@ -14,6 +15,7 @@ __all__ = [
     "Daemon",
     "Gateway",
     "LoadedConfig",
+    "Services",
     "ToolResult",
     "ToolResultStatus",
     "load_config",

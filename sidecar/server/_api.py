@@ -16,7 +16,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
@@ -34,14 +34,11 @@ from capd.registry import CapdError, UnknownCapability
 
 from .._errors import BadRequest, Draining, InvalidParams
 from .._table import COMMANDS, OperatorCommand
-from ._gateway import Caller
-from ._handlers import HANDLERS, Context, Reply
+from ._handlers import HANDLERS
 from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
 from ._peers import PeerPolicy, RateLimiter
-
-if TYPE_CHECKING:
-    from ._daemon import Daemon
+from ._services import Caller, Context, Reply, Services
 
 log = structlog.get_logger("capd.api")
 
@@ -187,9 +184,9 @@ class Router:
 class Api:
     """The socket API: one handler for every request, routed by the operator table."""
 
-    def __init__(self, daemon: Daemon, *, max_body_bytes: int,
+    def __init__(self, services: Services, *, max_body_bytes: int,
                  peers: PeerPolicy | None = None, limiter: RateLimiter | None = None) -> None:
-        self._daemon = daemon
+        self._services = services
         self.max_body_bytes = max_body_bytes
         self._peers = peers or PeerPolicy()
         self._limiter = limiter or RateLimiter(0, 1)
@@ -247,7 +244,7 @@ class Api:
                 body = parse_body(request.body)
             query = (dict(parse_qsl(request.query_string, keep_blank_values=True))
                      if request.query_string else {})
-            ctx = Context(daemon=self._daemon, path=path_params, query=query, body=body,
+            ctx = Context(services=self._services, path=path_params, query=query, body=body,
                           caller=caller, request_id=request_id,
                           idempotency_key=headers.get("idempotency-key"))
             reply = await HANDLERS[row.handler](ctx)

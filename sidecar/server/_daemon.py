@@ -94,19 +94,26 @@ class Daemon:
         self.rechecker = Rechecker(lambda: self.registry, cooldown_s=config.recheck_cooldown_s,
                                    executor=self.user_executor)
         self.running_attempts = RunningAttempts()
+        self.queue: RetryQueue | None = None  # opened by run(); the sink answers NOT queued before
+        self.metrics = Metrics(self)
         self.gateway = Gateway(lambda: self.registry, self.rechecker,
                                executor=self.op_executor, hook_executor=self.user_executor,
-                               hook_timeout_s=config.hook_timeout_s)
-        self.metrics = Metrics(self)
-        self.gateway.observe = self.metrics.observe_call
+                               hook_timeout_s=config.hook_timeout_s,
+                               failure_sink=QueueSink(lambda: self.queue, self.running_attempts,
+                                                      verify_grace_s=config.verify_grace_s),
+                               observe=self.metrics.observe_call)
         self.notifier = Notifier()
         self.reloader = Reloader(self._rebuild, self._swap, spawn=self.spawn,
                                  on_start=self.notifier.reloading, on_end=self._reloaded)
         self.inherited_socket = False
-        self.queue: RetryQueue | None = None
         self._queue_stats: tuple[float, QueueStats] | None = None
         self.sweep: RetrySweep | None = None
         self.http: HttpServer | None = None
+
+    @property
+    def health_pending_age_s(self) -> float:
+        """A pending job older than this makes /health warn."""
+        return self.loaded.config.health_pending_age_s
 
     @property
     def uptime_s(self) -> float:
@@ -225,8 +232,6 @@ class Daemon:
     async def _run_with_queue(self, queue: RetryQueue) -> int:
         config = self.loaded.config
         loop = asyncio.get_running_loop()
-        self.gateway.failure_sink = QueueSink(queue, self.running_attempts,
-                                              verify_grace_s=config.verify_grace_s)
         self.sweep = RetrySweep(queue, lambda: self.registry, self.rechecker,
                                 batch=config.sweep_batch, grace_s=config.lease_grace_s,
                                 executor=self.op_executor, verify_executor=self.user_executor,

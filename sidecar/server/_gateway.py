@@ -32,6 +32,7 @@ from capd.registry import Blocked, Capability, Registry
 
 from .._errors import Draining, InvalidParams
 from .._logging import log_call
+from ._services import Caller
 
 ToolResultStatus = Literal[
     "success", "partial", "error_transient", "error_permanent", "error_blocked"
@@ -67,15 +68,6 @@ class ToolResult(BaseModel):
     def ok(self) -> bool:
         """Whether the call did its work, fully or in part."""
         return self.status in ("success", "partial")
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is calling: the peer's credentials, read from the socket."""
-
-    pid: int | None = None
-    uid: int | None = None
-    gid: int | None = None
 
 
 BeforeHook = Callable[[Capability, BaseModel, Caller], Awaitable[None] | None]
@@ -130,11 +122,12 @@ class Gateway:
         executor: Executor | None = None,
         hook_executor: Executor | None = None,
         hook_timeout_s: float = 5.0,
+        observe: Callable[[str, float], None] | None = None,
     ) -> None:
         self._registry = registry
         self._rechecker = rechecker
         self._hooks = tuple(before_hooks)
-        self.failure_sink = failure_sink
+        self._failure_sink = failure_sink
         self._clock = clock
         self._executor = executor
         self._hook_executor = hook_executor
@@ -144,7 +137,7 @@ class Gateway:
         self._idle.set()
         self.draining = False
         self.stats = CallStats()
-        self.observe: Callable[[str, float], None] = lambda _name, _duration: None
+        self._observe: Callable[[str, float], None] = observe or (lambda _name, _duration: None)
         self._ids = itertools.count(1)
         self._id_prefix = "g" + os.urandom(3).hex()
 
@@ -199,13 +192,13 @@ class Gateway:
         if (
             result.status == "error_transient"
             and cap.mutates_state
-            and self.failure_sink is not None
+            and self._failure_sink is not None
         ):
-            result = await self.failure_sink.accept(cap, model, result,
+            result = await self._failure_sink.accept(cap, model, result,
                                                     idempotency_key=idempotency_key,
                                                     running=running)
         self.stats.record(result)
-        self.observe(cap.name, result.duration_s)
+        self._observe(cap.name, result.duration_s)
         log_call({
             "capability": cap.name, "status": result.status, "error_type": result.error_type,
             "duration_s": round(result.duration_s, 6), "caller_pid": caller.pid,

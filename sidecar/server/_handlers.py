@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,38 +15,12 @@ from capd.registry import success_boost
 from .._errors import BadRequest
 from .._views import capsule, disabled_view, manifest
 from ._json import Unencodable, dumps
+from ._services import Context, Reply, Services
 
 if TYPE_CHECKING:
     from capd.recovery import CapabilityRecheck, ToolRecheck
 
-    from ._daemon import Daemon
-    from ._gateway import Caller
-
-JSON = "application/json"
 HEALTH_JSON = "application/health+json"
-
-
-@dataclass
-class Context:
-    """One request as a handler sees it."""
-
-    daemon: Daemon
-    path: dict[str, str]
-    query: dict[str, str]
-    body: Any
-    caller: Caller
-    request_id: str
-    idempotency_key: str | None = None
-
-
-@dataclass
-class Reply:
-    """A handler's answer: a status, a JSON-able body, extra headers."""
-
-    status: int
-    body: Any
-    content_type: str = JSON
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 def iso(epoch: float) -> str:
@@ -66,7 +39,7 @@ def _flag(ctx: Context, name: str) -> bool:
 
 async def health(ctx: Context) -> Reply:
     """Overall status from cached results: never waits on a probe or a reload."""
-    d = ctx.daemon
+    d = ctx.services
     snap = d.registry.snapshot()
     checks: dict[str, list[dict[str, Any]]] = {}
     status = "pass"
@@ -104,6 +77,15 @@ async def health(ctx: Context) -> Reply:
     if d.state != "ready":
         status = "fail"
         notes.append(f"daemon is {d.state}")
+    failed = d.reloader.last_failure
+    if failed is not None:  # until the next good reload: the old registry is serving
+        if status == "pass":
+            status = "warn"
+        notes.append("the last reload failed; the registry before it keeps serving")
+        checks["reload:last"] = [{
+            "componentType": "component", "status": "warn", "output": failed.error,
+            "time": iso(failed.started_at),
+        }]
     queue_status, queue_notes, queue_checks = await _queue_health(d)
     checks.update(queue_checks)
     notes.extend(queue_notes)
@@ -124,7 +106,7 @@ async def health(ctx: Context) -> Reply:
     return Reply(503 if status == "fail" else 200, body, content_type=HEALTH_JSON)
 
 
-async def _queue_health(d: Daemon) -> tuple[str, list[str], dict[str, list[dict[str, Any]]]]:
+async def _queue_health(d: Services) -> tuple[str, list[str], dict[str, list[dict[str, Any]]]]:
     if d.queue is None:
         return "pass", [], {}
     try:
@@ -147,7 +129,7 @@ async def _queue_health(d: Daemon) -> tuple[str, list[str], dict[str, list[dict[
         notes.append(f"{stats.by_state['dead']} dead and {stats.by_state['needs_operator']} "
                      "job(s) needing an operator (capd queue list)")
     age = stats.oldest_pending_age_s
-    limit = d.loaded.config.health_pending_age_s
+    limit = d.health_pending_age_s
     if age is not None and age > limit:
         status = "fail" if status == "fail" else "warn"
         notes.append(f"oldest pending job is {age:.0f}s old (threshold {limit:g}s)")
@@ -171,14 +153,14 @@ async def livez(ctx: Context) -> Reply:
 
 async def readyz(ctx: Context) -> Reply:
     """200 when ready, 503 while starting or draining."""
-    ready = ctx.daemon.state == "ready"
+    ready = ctx.services.state == "ready"
     return Reply(200 if ready else 503, {"status": "pass" if ready else "fail",
-                                         "state": ctx.daemon.state})
+                                         "state": ctx.services.state})
 
 
 async def list_caps(ctx: Context) -> Reply:
     """Capsules of every capability, optionally filtered by state or tag."""
-    snap = ctx.daemon.registry.snapshot()
+    snap = ctx.services.registry.snapshot()
     state = ctx.query.get("state")
     if state not in (None, "live", "disabled"):
         raise BadRequest(f"state must be 'live' or 'disabled', not {state!r}")
@@ -211,7 +193,7 @@ def _int(ctx: Context, name: str, default: int) -> int:
 
 async def search(ctx: Context) -> Reply:
     """BM25 search over capsules; disabled ones only when asked, with why."""
-    d = ctx.daemon
+    d = ctx.services
     registry = d.registry
     query = ctx.query.get("q", "")
     tags = [t for t in ctx.query.get("tag", "").split(",") if t]
@@ -241,10 +223,10 @@ async def search(ctx: Context) -> Reply:
 
 async def show(ctx: Context) -> Reply:
     """The full manifest of one capability."""
-    registry = ctx.daemon.registry
+    registry = ctx.services.registry
     cap = registry.get(ctx.path["name"])
     body = manifest(cap, registry.snapshot())
-    stats = ctx.daemon.gateway.stats
+    stats = ctx.services.gateway.stats
     calls = dict(stats.by_status.get(cap.name, {}))
     total = sum(calls.values())
     body["telemetry"] = {
@@ -261,7 +243,7 @@ async def call(ctx: Context) -> Reply:
     params = ctx.body if ctx.body is not None else {}
     if not isinstance(params, dict):
         raise BadRequest("the request body must be a JSON object of parameters")
-    result = await ctx.daemon.gateway.dispatch(
+    result = await ctx.services.gateway.dispatch(
         ctx.path["name"], params, ctx.caller, request_id=ctx.request_id,
         idempotency_key=ctx.idempotency_key,
     )
@@ -275,11 +257,10 @@ async def call(ctx: Context) -> Reply:
                     message=f"{result.capability} ran (its work is done; do not retry) but its "
                     f"result cannot be written as JSON: {exc}")
         encoded = dumps(body)
-        result = result.model_copy(update={"status": "error_permanent"})
     status = {
         "success": 200, "partial": 200, "error_transient": 503, "error_permanent": 502,
         "error_blocked": 403,
-    }[result.status]
+    }[body["status"]]
     if result.queued:
         status = 202
     headers = {}
@@ -313,7 +294,7 @@ def _capability_view(outcome: CapabilityRecheck) -> dict[str, Any]:
 
 async def recheck(ctx: Context) -> Reply:
     """Re-probe a capability's missing tools (cooldown applies unless forced)."""
-    outcome = await ctx.daemon.rechecker.recheck_disabled_capability(
+    outcome = await ctx.services.rechecker.recheck_disabled_capability(
         ctx.path["name"], force=_flag(ctx, "force")
     )
     return Reply(200, _capability_view(outcome))
@@ -321,19 +302,19 @@ async def recheck(ctx: Context) -> Reply:
 
 async def recheck_tool(ctx: Context) -> Reply:
     """Re-probe one tool and restore every capability it unblocks."""
-    outcome = await ctx.daemon.rechecker.recheck_tool(ctx.path["tool"], force=_flag(ctx, "force"))
+    outcome = await ctx.services.rechecker.recheck_tool(ctx.path["tool"], force=_flag(ctx, "force"))
     return Reply(200, _tool_view(outcome))
 
 
 async def reload(ctx: Context) -> Reply:
     """Run (or join) a full reload and answer when it is done."""
-    outcome = await ctx.daemon.reloader.reload()
+    outcome = await ctx.services.reloader.reload()
     return Reply(200 if outcome.ok else 500, outcome.model_dump(mode="json"))
 
 
 async def status(ctx: Context) -> Reply:
     """Registry, reload, recheck and call statistics."""
-    d = ctx.daemon
+    d = ctx.services
     snap = d.registry.snapshot()
     last = d.reloader.last
     stats = d.rechecker.stats
@@ -389,9 +370,9 @@ def parse_duration(text: str) -> float:
 
 
 def _queue(ctx: Context) -> RetryQueue:
-    if ctx.daemon.queue is None:
+    if ctx.services.queue is None:
         raise BadRequest("the retry queue is not open")
-    return ctx.daemon.queue
+    return ctx.services.queue
 
 
 def _job_view(job: Job) -> dict[str, Any]:
@@ -446,7 +427,7 @@ async def queue_stats(ctx: Context) -> Reply:
     """Counts by state, oldest pending age, next due time, sweep outcomes."""
     queue = _queue(ctx)
     stats = await queue.stats()
-    sweep = ctx.daemon.sweep
+    sweep = ctx.services.sweep
     return Reply(200, {**stats.model_dump(mode="json"),
                        "sweep": dict(sweep.outcomes) if sweep else {},
                        "group_commit": {"batches": queue.batches, "jobs": queue.batched_jobs}})
@@ -456,7 +437,7 @@ async def metrics(ctx: Context) -> Reply:
     """Prometheus text exposition."""
     from ._metrics import CONTENT_TYPE
 
-    return Reply(200, await ctx.daemon.metrics.render(), content_type=CONTENT_TYPE)
+    return Reply(200, await ctx.services.metrics.render(), content_type=CONTENT_TYPE)
 
 
 Handler = Callable[[Context], Awaitable[Reply]]

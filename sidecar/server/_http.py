@@ -47,7 +47,7 @@ from urllib.parse import unquote
 import httptools
 import structlog
 
-from capd.sidecar.server._http_limits import BufferBudget, FlowControl, ServerState
+from ._http_limits import BufferBudget, FlowControl, ServerState
 
 log = structlog.get_logger("capd.http")
 
@@ -182,7 +182,7 @@ class HttpConnection(asyncio.Protocol):
     not parsed yet waits in ``_buf`` and the socket is not read meanwhile.
     """
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState[HttpConnection, ServerHooks]) -> None:
         self._state = state
         self._hooks = state.hooks
         self._clock = state.clock
@@ -717,9 +717,9 @@ class HttpServer:
             raise ValueError("timeouts must be positive and max_connections at least 1")
         budget = BufferBudget(max_buffered_bytes,
                                per_connection_bytes=2 * (hooks.max_body_bytes + MAX_HEADER_BYTES))
-        self._state = ServerState(hooks, idle_timeout_s=idle_timeout_s,
-                                   request_timeout_s=request_timeout_s,
-                                   max_connections=max_connections, budget=budget)
+        self._state: ServerState[HttpConnection, ServerHooks] = ServerState(
+            hooks, idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s,
+            max_connections=max_connections, budget=budget)
         # Deadlines are checked often enough to be kept within a quarter of themselves.
         self._reap_every_s = min(1.0, idle_timeout_s / 4, request_timeout_s / 4)
         self._server: asyncio.Server | None = None

@@ -13,14 +13,22 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Generic, Literal, Protocol, TypeVar
 
 import structlog
 
-if TYPE_CHECKING:
-    from capd.sidecar.server._http import HttpConnection, ServerHooks
-
 log = structlog.get_logger("capd.http")
+
+
+class Holder(Protocol):
+    """A connection, as the budget and the open set see it (``Holder`` is one)."""
+
+    reserved_bytes: int
+
+    @property
+    def busy(self) -> bool: ...
+    def admitted(self) -> None: ...
+    def abort(self) -> None: ...
 
 
 class BufferBudget:
@@ -45,7 +53,7 @@ class BufferBudget:
         self.per_connection_bytes = per_connection_bytes
         self.used_bytes = 0
         self.peak_bytes = 0
-        self._waiting: dict[HttpConnection, int] = {}  # insertion order is the line
+        self._waiting: dict[Holder, int] = {}  # insertion order is the line
         self._line_blocked = False  # a waiter is short of server space: newcomers queue
         self._granting = False
         self._grant_again = False
@@ -55,11 +63,11 @@ class BufferBudget:
         """Connections whose claim waits."""
         return len(self._waiting)
 
-    def fits(self, conn: HttpConnection, n: int) -> bool:
+    def fits(self, conn: Holder, n: int) -> bool:
         """Whether a claim of ``n`` bytes by ``conn`` would be granted now."""
         return not self._line_blocked and self._short_of(conn, n) is None
 
-    def claim(self, conn: HttpConnection, n: int) -> bool:
+    def claim(self, conn: Holder, n: int) -> bool:
         """Take ``n`` bytes for ``conn`` now (True), or queue the claim (False)."""
         short = "line" if self._line_blocked and self._waiting else self._short_of(conn, n)
         if short is None:  # the usual case: the body of take(), spared a call
@@ -73,17 +81,17 @@ class BufferBudget:
             self._line_blocked = True
         return False
 
-    def add(self, conn: HttpConnection, n: int) -> None:
+    def add(self, conn: Holder, n: int) -> None:
         """Grow (or shrink) ``conn``'s waiting claim; grants wait for the next release."""
         self._waiting[conn] += n
 
-    def take(self, conn: HttpConnection, n: int) -> None:
+    def take(self, conn: Holder, n: int) -> None:
         """Take ``n`` bytes for ``conn`` unconditionally (bytes it already holds)."""
         conn.reserved_bytes += n
         self.used_bytes += n
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
-    def release(self, conn: HttpConnection, n: int) -> None:
+    def release(self, conn: Holder, n: int) -> None:
         """Give back ``n`` of ``conn``'s bytes (never more than it holds) and grant what fits."""
         if n > conn.reserved_bytes:
             n = conn.reserved_bytes
@@ -94,12 +102,12 @@ class BufferBudget:
         if self._waiting:
             self._grant()
 
-    def withdraw(self, conn: HttpConnection) -> None:
+    def withdraw(self, conn: Holder) -> None:
         """Drop ``conn``'s waiting claim, if any."""
         if self._waiting.pop(conn, None) is not None:
             self._grant()  # also unblocks the line when its head was this one
 
-    def forget(self, conn: HttpConnection) -> None:
+    def forget(self, conn: Holder) -> None:
         """``conn`` is gone: drop its claim and give back everything it holds."""
         was_waiting = self._waiting.pop(conn, None) is not None
         held, conn.reserved_bytes = conn.reserved_bytes, 0
@@ -107,7 +115,7 @@ class BufferBudget:
         if was_waiting or (held and self._waiting):
             self._grant()  # also unblocks the line when its head was this one
 
-    def _short_of(self, conn: HttpConnection, n: int) -> Literal["connection", "server"] | None:
+    def _short_of(self, conn: Holder, n: int) -> Literal["connection", "server"] | None:
         if conn.reserved_bytes and conn.reserved_bytes + n > self.per_connection_bytes:
             return "connection"
         if self.used_bytes and self.used_bytes + n > self.limit_bytes:
@@ -144,10 +152,14 @@ class BufferBudget:
             self._granting = False
 
 
-class ServerState:
+C = TypeVar("C", bound=Holder)
+H = TypeVar("H")
+
+
+class ServerState(Generic[C, H]):
     """What the connections of one server share: hooks, limits, the open set, the budget."""
 
-    def __init__(self, hooks: ServerHooks, *, idle_timeout_s: float, request_timeout_s: float,
+    def __init__(self, hooks: H, *, idle_timeout_s: float, request_timeout_s: float,
                  max_connections: int, budget: BufferBudget) -> None:
         self.hooks = hooks
         # Not loop.time(): uvloop's is cached per loop iteration, and "silent
@@ -158,7 +170,7 @@ class ServerState:
         self.max_connections = max_connections
         self.budget = budget
         # Open connections, the one active longest ago first (see touch()).
-        self.connections: collections.OrderedDict[HttpConnection, None] = (
+        self.connections: collections.OrderedDict[C, None] = (
             collections.OrderedDict())
         self.evicted = 0
         self.refused = 0
@@ -169,7 +181,7 @@ class ServerState:
         self._unlogged = {"connection_evicted": 0, "connection_refused": 0}
         self._logged_at = {"connection_evicted": -1.0, "connection_refused": -1.0}
 
-    def admit(self, conn: HttpConnection, now: float) -> bool:
+    def admit(self, conn: C, now: float) -> bool:
         """Count ``conn`` in, evicting the connection silent longest with nothing in progress
         if the limit is reached; False when every open connection is busy."""
         if len(self.connections) >= self.max_connections:
@@ -186,12 +198,12 @@ class ServerState:
         self.connections[conn] = None
         return True
 
-    def touch(self, conn: HttpConnection) -> None:
+    def touch(self, conn: C) -> None:
         """``conn`` was just active: it moves to the end of the eviction order."""
         if conn in self.connections:
             self.connections.move_to_end(conn)
 
-    def forget(self, conn: HttpConnection) -> None:
+    def forget(self, conn: C) -> None:
         self.connections.pop(conn, None)
 
     def _note(self, event: str, now: float) -> None:

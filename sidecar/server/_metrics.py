@@ -7,14 +7,13 @@ already keeps), so the call path pays for one histogram observation only.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from ._daemon import Daemon
+from ._services import Services
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -24,12 +23,12 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 class DaemonCollector(Collector):
     """Reads the daemon's state at scrape time. ``queue_stats`` is filled just before."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(self, services: Services) -> None:
+        self._services = services
         self.queue_stats: Any = None
 
     def collect(self) -> Iterator[Any]:
-        d = self._daemon
+        d = self._services
         calls = CounterMetricFamily("capd_calls", "Calls by capability and result state.",
                                     labels=["capability", "status"])
         for name, by_status in d.gateway.stats.by_status.items():
@@ -101,14 +100,14 @@ class DaemonCollector(Collector):
 class Metrics:
     """The daemon's metrics registry: the call latency histogram and the state collector."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, services: Services) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.call_latency = Histogram(
             "capd_call_duration_seconds", "Call latency by capability.", ["capability"],
             buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.collector = DaemonCollector(daemon)
+        self.collector = DaemonCollector(services)
         self.registry.register(self.collector)
-        self._daemon = daemon
+        self._services = services
         self._children: dict[str, Any] = {}
 
     def observe_call(self, capability: str, duration_s: float) -> None:
@@ -120,6 +119,6 @@ class Metrics:
 
     async def render(self) -> bytes:
         """The text exposition, with fresh queue figures."""
-        queue = self._daemon.queue
+        queue = self._services.queue
         self.collector.queue_stats = await queue.stats() if queue is not None else None
         return generate_latest(self.registry)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ._gateway import Caller
+from ._services import Caller
 
 
 def supplementary_groups(pid: int) -> frozenset[int]:

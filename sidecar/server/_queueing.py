@@ -36,9 +36,9 @@ class QueueSink:
     queued.
     """
 
-    def __init__(self, queue: RetryQueue, running: RunningAttempts, *,
+    def __init__(self, queue: Callable[[], RetryQueue | None], running: RunningAttempts, *,
                  verify_grace_s: float = 2.0, clock: Callable[[], float] = time.time) -> None:
-        self._queue = queue
+        self._queue = queue  # the daemon opens it after building this
         self._running = running
         self._verify_grace_s = verify_grace_s
         self._clock = clock
@@ -47,13 +47,17 @@ class QueueSink:
                      *, idempotency_key: str | None = None,
                      running: Future[Any] | None = None) -> ToolResult:
         """Enqueue the failed call; return the result with its job id."""
+        queue = self._queue()
+        if queue is None:  # only before the daemon has opened it
+            return result.model_copy(update={
+                "message": f"{result.message}; NOT queued: the retry queue is not open yet"})
         now = self._clock()
         first_sent_at = now - result.duration_s
         policy = capability.retry_policy
         if policy == "verify_first":
             run_at = first_sent_at + capability.timeout_s + self._verify_grace_s
         elif policy == "replay":
-            run_at = now + max(self._queue.backoff.base_s, result.retry_after_s or 0.0)
+            run_at = now + max(queue.backoff.base_s, result.retry_after_s or 0.0)
         else:
             run_at = now
         request = EnqueueRequest(
@@ -64,7 +68,7 @@ class QueueSink:
             error=result.message, error_class=result.error_type,
         )
         try:
-            job = await self._queue.enqueue(request)
+            job = await queue.enqueue(request)
         except IdempotencyConflict:
             raise
         except QueueError as exc:

@@ -62,6 +62,7 @@ class Reloader:
         self.count = 0
         self.ok_count = 0
         self.last: ReloadOutcome | None = None
+        self.last_failure: ReloadOutcome | None = None  # cleared by the next good reload
 
     @property
     def running(self) -> bool:
@@ -112,5 +113,6 @@ class Reloader:
             log.info("reload_finished", generation=generation,
                      duration_s=round(outcome.duration_s, 4), **counts)
         self.last = outcome
+        self.last_failure = None if outcome.ok else outcome
         self._on_end(outcome)
         return outcome

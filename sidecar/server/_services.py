@@ -1,0 +1,193 @@
+"""The seam between the daemon and what serves a request: handlers and metrics.
+
+Handlers (``_handlers.py``) and the metrics collector (``_metrics.py``) read the
+daemon only through :class:`Services`: exactly what they use, nothing more.
+``Daemon`` satisfies it and remains the one place that wires things; a test can
+hand a handler anything else that does. This module imports nothing else of
+the sidecar, so no import circle can pass through it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from capd.recovery import (
+    CapabilityRecheck,
+    QueueStats,
+    RecheckStats,
+    RetryQueue,
+    ToolRecheck,
+)
+from capd.registry import Registry
+
+State = Literal["starting", "ready", "draining", "stopped"]
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling: the peer's credentials, read from the socket."""
+
+    pid: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+@dataclass
+class Context:
+    """One request as a handler sees it."""
+
+    services: Services
+    path: dict[str, str]
+    query: dict[str, str]
+    body: Any
+    caller: Caller
+    request_id: str
+    idempotency_key: str | None = None
+
+
+@dataclass
+class Reply:
+    """A handler's answer: a status, a JSON-able body (or bytes), extra headers."""
+
+    status: int
+    body: Any
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class CallResult(Protocol):
+    """What a handler reads of a dispatched call's result."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def capability(self) -> str: ...
+    @property
+    def queued(self) -> str | None: ...
+    @property
+    def retry_after_s(self) -> float | None: ...
+    def as_json(self) -> dict[str, Any]: ...
+
+
+class CallCounters(Protocol):
+    """Per-capability call counters since start."""
+
+    @property
+    def by_status(self) -> Mapping[str, Counter[str]]: ...
+    @property
+    def total_duration_s(self) -> Mapping[str, float]: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+class Dispatcher(Protocol):
+    """The gateway, as handlers and metrics see it."""
+
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def stats(self) -> CallCounters: ...
+    async def dispatch(self, name: str, params: Mapping[str, Any], caller: Caller | None = None,
+                       *, request_id: str | None = None,
+                       idempotency_key: str | None = None) -> CallResult: ...
+
+
+class Rechecks(Protocol):
+    """Re-probes on demand, with their statistics."""
+
+    @property
+    def cooldown_s(self) -> float: ...
+    @property
+    def stats(self) -> RecheckStats: ...
+    async def recheck_disabled_capability(self, name: str, *,
+                                          force: bool = False) -> CapabilityRecheck: ...
+    async def recheck_tool(self, tool: str, *, force: bool = False) -> ToolRecheck: ...
+
+
+class ReloadReport(Protocol):
+    """What one reload did."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def error(self) -> str | None: ...
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]: ...
+
+
+class Reloads(Protocol):
+    """Full reloads: run one, and what the last ones did."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def ok_count(self) -> int: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def last(self) -> ReloadReport | None: ...
+    @property
+    def last_failure(self) -> ReloadReport | None: ...
+    async def reload(self) -> ReloadReport: ...
+
+
+class Sweeping(Protocol):
+    """The retry sweep's counters and state."""
+
+    @property
+    def busy(self) -> int: ...
+    @property
+    def outcomes(self) -> Mapping[str, int]: ...
+    @property
+    def storage_error(self) -> str | None: ...
+
+
+class MetricsText(Protocol):
+    """The Prometheus exposition."""
+
+    async def render(self) -> bytes: ...
+
+
+class Services(Protocol):
+    """Everything a handler or the metrics collector reads of the daemon."""
+
+    @property
+    def state(self) -> State: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def uptime_s(self) -> float: ...
+    @property
+    def loop_lag_s(self) -> float: ...
+    @property
+    def stall_threshold_s(self) -> float: ...
+    @property
+    def socket_path(self) -> Path: ...
+    @property
+    def health_pending_age_s(self) -> float: ...
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def gateway(self) -> Dispatcher: ...
+    @property
+    def rechecker(self) -> Rechecks: ...
+    @property
+    def reloader(self) -> Reloads: ...
+    @property
+    def queue(self) -> RetryQueue | None: ...
+    @property
+    def sweep(self) -> Sweeping | None: ...
+    @property
+    def metrics(self) -> MetricsText: ...
+    def task_stats(self) -> dict[str, int]: ...
+    async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats: ...
