@@ -35,7 +35,7 @@ import uvloop
 from pydantic import BaseModel
 
 from capd.recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep
-from capd.recovery._queue import MIGRATIONS
+from capd.recovery._queue_file import MIGRATIONS
 from capd.registry import Capability, Registry
 
 
@@ -207,7 +207,8 @@ async def orphan_recovery(path: Path, jobs: int) -> float:
 
 
 async def pickup_lateness(path: Path, samples: int) -> list[float]:
-    queue = await RetryQueue.open(path)
+    sweep: RetrySweep | None = None
+    queue = await RetryQueue.open(path, on_enqueue=lambda: sweep.wake() if sweep else None)
     seen: dict[int, float] = {}
 
     class P(BaseModel):

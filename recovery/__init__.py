@@ -1,7 +1,29 @@
-"""capd's recovery layer: re-probes with cooldown, the durable retry queue, effect verification."""
+"""capd's recovery layer: re-probes with cooldown, the durable retry queue, effect verification.
+
+Its errors (``_errors``)::
+
+    CapdError                    (capd.registry)
+    └── RecoveryError
+        ├── UnknownTool              a recheck named a tool no capability declares (LookupError)
+        └── QueueError               the durable retry queue
+            ├── QueueStorageError    the file cannot be used: permissions, pragmas, I/O
+            │   ├── QueueCorrupt     not a healthy capd queue (empty, foreign, damaged);
+            │   │                    permanent until an operator moves it aside
+            │   └── QueueFull        the disk is full; transient, writes resume with space
+            ├── QueueClosed          closed on purpose; nothing more is accepted
+            ├── IdempotencyConflict  the key is used by a job with other parameters
+            ├── UnknownJob           no job has that id (LookupError)
+            └── InvalidTransition    the operator action does not apply to the job's state
+
+SQLite and OS errors become :class:`QueueStorageError` (or :class:`QueueFull`,
+:class:`QueueCorrupt`) where the queue meets them, with the original as
+``__cause__``. What an op raises is not an error here: it is classified into a
+``CallOutcome`` (``_calls``).
+"""
 
 from ._attempts import RunningAttempts
 from ._calls import CallKind, CallOutcome, apply_passive_health, call_capability, classify_error
+from ._decision import BackoffPolicy
 from ._effects import (
     EffectCheck,
     EffectStatus,
@@ -11,26 +33,21 @@ from ._effects import (
     combine,
     verify_post_write_effects,
 )
-from ._errors import RecoveryError, UnknownTool
-from ._queue import (
-    JOB_STATES,
-    Attempt,
-    BackoffPolicy,
-    EnqueueRequest,
+from ._errors import (
     IdempotencyConflict,
     InvalidTransition,
-    Job,
-    JobState,
     QueueClosed,
     QueueCorrupt,
     QueueError,
     QueueFull,
-    QueueStats,
     QueueStorageError,
-    RetryQueue,
+    RecoveryError,
     UnknownJob,
-    default_state_dir,
+    UnknownTool,
 )
+from ._jobs import JOB_STATES, Attempt, EnqueueRequest, Job, JobState, QueueStats
+from ._queue import RetryQueue
+from ._queue_file import default_state_dir
 from ._recheck import (
     DEFAULT_COOLDOWN_S,
     CapabilityRecheck,

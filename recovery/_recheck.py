@@ -19,8 +19,7 @@ from functools import partial
 
 import structlog
 
-from capd.registry import ProbeResult, Registry, UnknownCapability, run_probe
-from capd.registry._probes import Probe
+from capd.registry import Probe, ProbeResult, Registry, UnknownCapability, run_probe
 
 from ._errors import UnknownTool
 
@@ -98,8 +97,8 @@ class Rechecker:
         registry = self._registry()
         try:
             spec = registry.tool_spec(tool)
-        except KeyError:
-            raise UnknownTool(tool) from None
+        except KeyError as exc:
+            raise UnknownTool(tool) from exc
         async with self._lock:
             shared = self._in_flight.get(tool)
             if shared is None:

@@ -1,7 +1,8 @@
 """The retry sweep: claims due jobs and finishes them exactly once.
 
-It sleeps until the next due job or lease deadline (or until an enqueue wakes
-it), never polling on a short fixed period. Per job and policy:
+It sleeps until the next due job or lease deadline, or until
+:meth:`RetrySweep.wake` (the queue's ``on_enqueue``) wakes it; it never polls
+on a short fixed period. Per job and policy:
 
 - ``replay``: call again.
 - ``verify_first``: walk the declared effects first. ``verified`` → done
@@ -37,7 +38,9 @@ from capd.registry import Registry, UnknownCapability
 from ._attempts import RunningAttempts
 from ._calls import apply_passive_health, call_capability
 from ._effects import verify_post_write_effects
-from ._queue import Job, QueueClosed, QueueStorageError, RetryQueue
+from ._errors import QueueClosed, QueueStorageError
+from ._jobs import Job
+from ._queue import RetryQueue
 from ._recheck import Rechecker
 
 log = structlog.get_logger("capd.sweep")
@@ -74,16 +77,18 @@ class RetrySweep:
         self.running = running or RunningAttempts()
         self.attempt_running_max_s = attempt_running_max_s
         self._storage_retry_max_s = storage_retry_max_s
-        self._kick = asyncio.Event()
+        self._wake = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
         self.busy = 0
         # The last time the queue could not be read or written, and why (None once it can).
         self.storage_error: str | None = None
-        queue.on_enqueue = self._kick.set
 
-    def kick(self) -> None:
-        """Look at the queue now (something was enqueued or made due)."""
-        self._kick.set()
+    def wake(self) -> None:
+        """Look at the queue now: something was enqueued or made due.
+
+        Give it to the queue as its ``on_enqueue`` (:meth:`RetryQueue.open`).
+        """
+        self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Recover orphaned leases, then sweep until ``stop`` is set.
@@ -95,7 +100,7 @@ class RetrySweep:
         recovered = False
         failures = 0
         while not stop.is_set():
-            self._kick.clear()
+            self._wake.clear()
             try:
                 if not recovered:
                     await self._queue.expire_previous_boot_leases()
@@ -116,13 +121,13 @@ class RetrySweep:
                 failures, self.storage_error = 0, None
                 delay = self._idle_max_s if wake_at is None else max(0.0, wake_at - self._clock())
             stopper = asyncio.ensure_future(stop.wait())
-            kicker = asyncio.ensure_future(self._kick.wait())
+            waker = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait({stopper, kicker}, timeout=min(delay, self._idle_max_s),
+                await asyncio.wait({stopper, waker}, timeout=min(delay, self._idle_max_s),
                                    return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopper.cancel()
-                kicker.cancel()
+                waker.cancel()
 
     async def sweep_once(self) -> int:
         """Requeue expired leases, claim due jobs and process them; return how many."""

@@ -1,10 +1,48 @@
 """capd's registry: the capability model, tool probes, ops, declarations and the build.
 
 It knows nothing of sockets, SQLite or the daemon.
+
+Its exceptions, in four trees::
+
+    CapdError                     root of every error capd raises on purpose (``_errors``)
+    └── RegistryError
+        ├── DeclarationError      a capability declaration (TOML or code) is invalid
+        ├── PluginError           a plugin module could not be imported
+        ├── ConfigError           the build configuration is unusable
+        └── UnknownCapability     a lookup named a capability that does not exist (LookupError)
+
+    ValueError
+    └── TemplateError             a ``{name}`` template is malformed, unsafe or lacks a value
+                                  (``_template``); loading declarations turns it into a
+                                  DeclarationError, the daemon's config into a ConfigError
+
+    ToolError                     what an op raises to say how its call went (``_outcomes``)
+    ├── ToolUnavailable           its tool is down: transient, and the capability is disabled
+    ├── TransientToolError        try again later (optionally after ``retry_after_s``)
+    ├── PermanentToolError        retrying will not help
+    └── Blocked                   a policy refused the call
+
+    Exception
+    └── ProbeFailed               internal (``_probes``): the tool answered, but not as
+                                  expected; it never leaves :func:`run_probe`, which
+                                  reports it as a failed :class:`ProbeResult`
+
+The gateway and the sweep read a :class:`ToolError` as the outcome of a call,
+never as a failure of capd. The recovery and sidecar packages hang their own
+subtrees off :class:`CapdError`. Where an exception is translated (a
+``ValidationError`` or a ``TemplateError`` into a ``DeclarationError``, an
+import failure into a ``PluginError``), the original is kept as its
+``__cause__``.
 """
 
 from ._build import BuildConfig, build
-from ._declarations import DeclarationSet, load_declarations
+from ._declarations import (
+    DeclarationSet,
+    describe_validation_error,
+    load_declarations,
+    parse_tool,
+    render_vars,
+)
 from ._errors import (
     CapdError,
     ConfigError,
@@ -96,15 +134,18 @@ __all__ = [
     "UnknownCapability",
     "build",
     "capability",
+    "describe_validation_error",
     "estimate_tokens",
     "is_valid_name",
     "load_declarations",
     "load_plugins",
     "op",
     "parameters_schema",
+    "parse_tool",
     "placeholders",
     "probe_all",
     "render",
+    "render_vars",
     "run_probe",
     "success_boost",
     "tokenize",

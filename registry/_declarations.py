@@ -185,10 +185,14 @@ def load_declarations(
         try:
             doc = tomllib.loads(file.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            result.errors.append(DeclarationError(source, f"not valid TOML: {exc}"))
+            error = DeclarationError(source, f"not valid TOML: {exc}")
+            error.__cause__ = exc  # collected, not raised: keep the cause as `from exc` would
+            result.errors.append(error)
             continue
         except OSError as exc:
-            result.errors.append(DeclarationError(source, f"cannot read: {exc.strerror}"))
+            error = DeclarationError(source, f"cannot read: {exc.strerror}")
+            error.__cause__ = exc
+            result.errors.append(error)
             continue
         for key in doc.keys() - _FILE_KEYS:
             result.errors.append(

@@ -9,7 +9,8 @@
         ├── ConfigError           the build configuration is unusable
         └── UnknownCapability     a lookup named a capability that does not exist
 
-Other packages hang their own subtrees off :class:`CapdError`.
+Other packages hang their own subtrees off :class:`CapdError`; the package
+docstring draws every exception of the registry, these and the others.
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ share is here — the operator table, the errors, default paths.
         ├── InvalidParams, BadRequest, Draining          answered by the API
         ├── SocketInUse, UnsafeSocketFolder, StateDirLocked   the daemon refuses to start
         └── DaemonUnreachable                           the client finds nothing listening
+            └── DaemonDown                              the MCP bridge lost the daemon
 """
 
 from ._errors import (
     BadRequest,
+    DaemonDown,
     DaemonUnreachable,
     Draining,
     InvalidParams,
@@ -28,6 +30,7 @@ from ._table import COMMANDS, McpTool, OperatorCommand, Option
 __all__ = [
     "COMMANDS",
     "BadRequest",
+    "DaemonDown",
     "DaemonUnreachable",
     "Draining",
     "InvalidParams",

@@ -11,6 +11,8 @@
         ├── UnsafeSocketFolder   the socket's folder is not the daemon's own
         ├── StateDirLocked       another daemon holds the state directory
         └── DaemonUnreachable    the CLI found no daemon on the socket
+            └── DaemonDown       the MCP bridge lost the daemon (no answer, or not a
+                                 daemon's answer); it reconnects on the next request
 """
 
 from __future__ import annotations
@@ -64,3 +66,7 @@ class StateDirLocked(SidecarError):
 
 class DaemonUnreachable(SidecarError):
     """Nothing answers on the socket."""
+
+
+class DaemonDown(DaemonUnreachable):
+    """The MCP bridge lost the daemon: nothing answers, or the answer is not a daemon's."""

@@ -22,7 +22,7 @@ REGISTRY = {
     "parameters_schema", "placeholders", "probe_all", "render", "run_probe",
     "Blocked", "Partial", "PermanentToolError", "ToolError", "ToolUnavailable",
     "TransientToolError", "Hit", "HostRequirements", "SearchIndex", "estimate_tokens",
-    "success_boost", "tokenize",
+    "success_boost", "tokenize", "describe_validation_error", "parse_tool", "render_vars",
 }
 
 
@@ -34,8 +34,8 @@ def test_registry_exports() -> None:
 
 
 SIDECAR = {
-    "COMMANDS", "BadRequest", "DaemonUnreachable", "Draining", "InvalidParams", "McpTool",
-    "OperatorCommand", "Option", "SidecarError", "SocketInUse", "StateDirLocked",
+    "COMMANDS", "BadRequest", "DaemonDown", "DaemonUnreachable", "Draining", "InvalidParams",
+    "McpTool", "OperatorCommand", "Option", "SidecarError", "SocketInUse", "StateDirLocked",
     "UnsafeSocketFolder", "capd_version", "default_socket_path",
 }
 

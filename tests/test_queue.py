@@ -21,7 +21,7 @@ from capd.recovery import (
     RetryQueue,
     UnknownJob,
 )
-from capd.recovery._queue import SCHEMA_VERSION
+from capd.recovery._queue_file import SCHEMA_VERSION
 
 from .fakes import Clock
 

@@ -23,7 +23,7 @@ from capd.recovery import (
     QueueStorageError,
     RetryQueue,
 )
-from capd.recovery._queue import SCHEMA_VERSION
+from capd.recovery._queue_file import SCHEMA_VERSION
 
 from .fakes import Clock
 

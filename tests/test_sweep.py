@@ -80,8 +80,12 @@ class Harness:
 
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    queue = await RetryQueue.open(tmp_path / "q.db", rng=random.Random(3))
-    yield Harness(tmp_path, queue)
+    # Wired as the daemon wires it: an enqueue wakes the sweep, which is made just after.
+    harness: Harness | None = None
+    queue = await RetryQueue.open(tmp_path / "q.db", rng=random.Random(3),
+                                  on_enqueue=lambda: harness.sweep.wake() if harness else None)
+    harness = Harness(tmp_path, queue)
+    yield harness
     await queue.close()
 
 

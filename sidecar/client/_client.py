@@ -54,15 +54,15 @@ def request(
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         raise DaemonUnreachable(
             f"is the daemon running? (socket: {socket_path}: {exc.strerror})"
-        ) from None
-    except TimeoutError:
+        ) from exc
+    except TimeoutError as exc:
         raise DaemonUnreachable(
             f"the daemon did not answer within {timeout_s:g}s (socket: {socket_path})"
-        ) from None
+        ) from exc
     except OSError as exc:
         raise DaemonUnreachable(
             f"cannot talk to the daemon (socket: {socket_path}): {exc.strerror or exc}"
-        ) from None
+        ) from exc
     finally:
         conn.close()
     content_type = raw.getheader("Content-Type", "")

@@ -33,16 +33,13 @@ from mcp.server.stdio import stdio_server
 
 from capd.registry import ConfigError
 
+from .._errors import DaemonDown
 from .._paths import capd_version
 from .._table import COMMANDS, McpTool
 
 META_TOOLS: dict[str, McpTool] = {row.mcp.name: row.mcp for row in COMMANDS if row.mcp}
 _ROWS = {row.mcp.name: row for row in COMMANDS if row.mcp}
 DEFAULT_PAGE = 50
-
-
-class DaemonDown(Exception):
-    """Nothing answers on the daemon's socket."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +66,8 @@ def load_profile(path: Path) -> Profile:
     """Read a profile TOML: ``name``, ``capabilities = [...]``, ``tags = [...]``."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"profile {path} not found") from None
+    except FileNotFoundError as exc:
+        raise ConfigError(f"profile {path} not found") from exc
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"profile {path}: {exc}") from exc
     unknown = set(data) - {"name", "capabilities", "tags"}
@@ -113,7 +110,7 @@ class DaemonLink:
                 f"capd is not reachable on {self.socket_path} ({exc.__class__.__name__}): is "
                 "the daemon running? Start it with `capd serve`; this bridge reconnects by "
                 "itself."
-            ) from None
+            ) from exc
 
     async def close(self) -> None:
         """Close the HTTP session."""

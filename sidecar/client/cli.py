@@ -101,7 +101,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from .._logging import configure_logging
-    from ._mcp import Bridge, DaemonDown, DaemonLink, load_profile, serve
+    from .._errors import DaemonDown
+    from ._mcp import Bridge, DaemonLink, load_profile, serve
 
     configure_logging("warning", "json", stream=sys.stderr)  # stdout is the MCP channel
     profile = load_profile(Path(args.profile)) if args.profile else None

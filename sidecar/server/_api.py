@@ -58,7 +58,7 @@ def parse_body(raw: bytes) -> Any:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON body: {exc}") from None
+        raise BadRequest(f"malformed JSON body: {exc}") from exc
     if body is None:
         raise BadRequest("the body is JSON null; send a JSON object ({} for no parameters) "
                          "or no body at all")

@@ -16,8 +16,16 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from capd.recovery import BackoffPolicy, default_state_dir
-from capd.registry import BuildConfig, ConfigError, DeclarationError, TemplateError, ToolSpec
-from capd.registry._declarations import describe_validation_error, parse_tool, render_vars
+from capd.registry import (
+    BuildConfig,
+    ConfigError,
+    DeclarationError,
+    TemplateError,
+    ToolSpec,
+    describe_validation_error,
+    parse_tool,
+    render_vars,
+)
 
 
 class CapdConfig(BaseSettings):

@@ -219,9 +219,11 @@ class Daemon:
         state_dir = self.loaded.state_dir()
         lock = acquire_state_lock(state_dir)
         try:
-            self.queue = await RetryQueue.open(state_dir / "queue.db",
-                                               synchronous=config.queue_synchronous,
-                                               backoff=self.loaded.backoff())
+            self.queue = await RetryQueue.open(
+                state_dir / "queue.db", synchronous=config.queue_synchronous,
+                backoff=self.loaded.backoff(),
+                # The sweep is made next (_run_with_queue); an enqueue wakes it from then on.
+                on_enqueue=lambda: self.sweep.wake() if self.sweep else None)
             try:
                 return await self._run_with_queue(self.queue)
             finally:

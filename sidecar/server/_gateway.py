@@ -179,7 +179,7 @@ class Gateway:
             model = cap.parameters.model_validate(params)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            raise InvalidParams(cap.name, [dict(e) for e in errors]) from None
+            raise InvalidParams(cap.name, [dict(e) for e in errors]) from exc
         self.in_flight += 1
         self._idle.clear()
         started = self._clock()

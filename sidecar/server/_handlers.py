@@ -184,8 +184,8 @@ def _int(ctx: Context, name: str, default: int) -> int:
         return default
     try:
         value = int(raw)
-    except ValueError:
-        raise BadRequest(f"{name} must be a whole number, not {raw!r}") from None
+    except ValueError as exc:
+        raise BadRequest(f"{name} must be a whole number, not {raw!r}") from exc
     if value < 0:
         raise BadRequest(f"{name} must not be negative")
     return value
@@ -362,8 +362,8 @@ def parse_duration(text: str) -> float:
     number = value[:-1] if unit is not None else value
     try:
         seconds = float(number) * (unit or 1.0)
-    except ValueError:
-        raise BadRequest(f"{text!r} is not a duration; use e.g. 90, 45s, 30m, 12h or 7d") from None
+    except ValueError as exc:
+        raise BadRequest(f"{text!r} is not a duration; use e.g. 90, 45s, 30m, 12h or 7d") from exc
     if seconds < 0:
         raise BadRequest(f"duration {text!r} is negative")
     return seconds
@@ -383,8 +383,8 @@ async def queue_list(ctx: Context) -> Reply:
     """Jobs, newest first, optionally in one state."""
     try:
         limit = int(ctx.query.get("limit", "100"))
-    except ValueError:
-        raise BadRequest("limit must be a whole number") from None
+    except ValueError as exc:
+        raise BadRequest("limit must be a whole number") from exc
     state = ctx.query.get("state") or None
     if state is not None and state not in JOB_STATES:
         raise BadRequest(f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}")

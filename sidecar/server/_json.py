@@ -37,7 +37,7 @@ def dumps(body: Any) -> bytes:
         return json.dumps(body, default=_fallback, separators=(",", ":"),
                           ensure_ascii=False).encode("utf-8", "surrogatepass")
     except (TypeError, ValueError, RecursionError) as exc:
-        raise Unencodable(f"{type(exc).__name__}: {exc}") from None
+        raise Unencodable(f"{type(exc).__name__}: {exc}") from exc
 
 
 def json_depth_exceeds(raw: bytes, value: Any, limit: int = MAX_JSON_DEPTH) -> bool:

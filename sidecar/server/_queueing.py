@@ -54,17 +54,14 @@ class QueueSink:
         now = self._clock()
         first_sent_at = now - result.duration_s
         policy = capability.retry_policy
-        if policy == "verify_first":
-            run_at = first_sent_at + capability.timeout_s + self._verify_grace_s
-        elif policy == "replay":
-            run_at = now + max(queue.backoff.base_s, result.retry_after_s or 0.0)
-        else:
-            run_at = now
+        first = queue.backoff.decide(
+            policy, now=now, first_sent_at=first_sent_at, timeout_s=capability.timeout_s,
+            failure="transient", retry_after_s=result.retry_after_s,
+            verify_grace_s=self._verify_grace_s)
         request = EnqueueRequest(
             capability=capability.name, params=params.model_dump(mode="json"), policy=policy,
             timeout_s=capability.timeout_s, first_sent_at=first_sent_at,
-            idempotency_key=idempotency_key,
-            state="needs_operator" if policy == "manual" else "pending", run_at=run_at,
+            idempotency_key=idempotency_key, state=first.state, run_at=first.run_at,
             error=result.message, error_class=result.error_type,
         )
         try:

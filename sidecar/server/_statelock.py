@@ -52,14 +52,14 @@ def acquire_state_lock(state_dir: Path) -> StateLock:
         raise SidecarError(f"cannot open the state lock {path}: {exc.strerror or exc}") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except BlockingIOError as exc:
         pid = _holder_pid(fd)
         os.close(fd)
         holder = f"pid {pid}" if pid else "another process"
         raise StateDirLocked(
             f"another capd ({holder}) is using the state directory {state_dir}; stop it, or "
             "give this daemon its own state_dir (two daemons on one queue would run the same "
-            "jobs)", pid) from None
+            "jobs)", pid) from exc
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return StateLock(path, fd)

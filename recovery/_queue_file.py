@@ -1,0 +1,354 @@
+"""The queue's SQLite file: schema, pragmas, creating it, and refusing one that is not ours.
+
+The file is only ever initialised by capd itself: a new queue is created and
+migrated under a temporary name beside it and hard-linked into place, which
+never replaces a file. Anything already at the path (an empty file, another
+database, garbage) is refused with :class:`QueueCorrupt` and left as it is.
+An existing queue is inspected read-only before anything writes to it, then
+put in WAL mode with ``synchronous=FULL`` (checked, not assumed) and migrated
+to :data:`SCHEMA_VERSION`.
+
+Failures of SQLite and the OS are translated here, for this module and for
+the group commit: a full disk is :class:`QueueFull`, a file that is not a
+database :class:`QueueCorrupt`, anything else :class:`QueueStorageError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import sqlite3
+import stat
+from pathlib import Path
+from typing import Literal
+
+import aiosqlite
+import structlog
+
+from ._errors import QueueCorrupt, QueueFull, QueueStorageError
+
+log = structlog.get_logger("capd.queue")
+
+SCHEMA_VERSION = 1
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        capability TEXT NOT NULL,
+        params TEXT NOT NULL,
+        idempotency_key TEXT,
+        policy TEXT NOT NULL CHECK (policy IN ('manual', 'replay', 'verify_first')),
+        state TEXT NOT NULL CHECK (state IN ('pending', 'leased', 'done', 'partial',
+                                             'needs_operator', 'dead', 'cancelled')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        max_attempts INTEGER NOT NULL,
+        next_run_at REAL NOT NULL,
+        lease_until REAL,
+        fence INTEGER NOT NULL DEFAULT 0,
+        boot_id TEXT,
+        first_sent_at REAL NOT NULL,
+        timeout_s REAL NOT NULL,
+        last_error TEXT,
+        error_class TEXT,
+        first_error TEXT,
+        first_error_class TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX jobs_idempotency_key ON jobs (idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
+    CREATE INDEX jobs_due ON jobs (state, next_run_at);
+    CREATE TABLE attempts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        fence INTEGER,
+        boot_id TEXT,
+        outcome TEXT,
+        detail TEXT
+    );
+    CREATE INDEX attempts_job ON attempts (job_id, id);
+    """,
+}
+
+
+async def open_queue_file(path: Path, *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
+                          busy_timeout_ms: int = 5000) -> aiosqlite.Connection:
+    """Open (creating or migrating) the queue file at ``path``; return its connection.
+
+    When nothing is at ``path``, a new queue is built beside it and linked
+    into place (see :func:`_create_queue_file`). Raises :class:`QueueCorrupt`
+    for a file that is not a healthy capd queue (an empty file included),
+    :class:`QueueFull` when the disk is full, and :class:`QueueStorageError`
+    when it cannot be opened or a pragma did not take. None of them ever
+    replaces the file. The connection is in autocommit mode (transactions are
+    explicit) and yields :class:`sqlite3.Row` rows; the caller closes it.
+    """
+    try:
+        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(path, "cannot create the folder of", exc) from exc
+    if not await asyncio.to_thread(_queue_file_exists, path):
+        await _create_queue_file(path, busy_timeout_ms)
+        # Ours, or one another process linked first: the same checks either way.
+        if not await asyncio.to_thread(_queue_file_exists, path):
+            raise QueueStorageError(f"the queue {path} vanished as soon as it was created; "
+                                    "is something else cleaning the state directory?")
+    try:
+        db = await aiosqlite.connect(_uri(path, "rw"), uri=True, isolation_level=None)
+    except (sqlite3.Error, OSError) as exc:
+        raise storage_error(path, "cannot open", exc) from exc
+    db.row_factory = sqlite3.Row
+    try:
+        await _inspect(db, path)  # reads only: a foreign file is refused untouched
+        await _configure(db, path, synchronous, busy_timeout_ms)
+        await _migrate(db, path)
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when ``exc`` (from SQLite or the OS) says the filesystem is full."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        return "database or disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def storage_error(path: Path, failed: str, exc: BaseException) -> QueueStorageError:
+    """Translate ``exc`` from SQLite or the OS; ``failed`` reads "could not commit to" and the like.
+
+    The caller raises the result ``from exc``.
+    """
+    if is_disk_full(exc):
+        return QueueFull(f"disk full: {failed} the queue {path} ({exc}); free space on its "
+                         "filesystem — capd retries by itself, nothing needs restarting")
+    return QueueStorageError(f"{failed} the queue {path}: {exc}")
+
+
+def _open_error(path: Path, exc: sqlite3.Error) -> QueueStorageError:
+    """Tell a file that is not a database (or a damaged one) from one that cannot be used now."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return QueueCorrupt(f"{path} is not a readable capd queue ({exc}); move it aside and "
+                            "inspect it — capd never replaces it")
+    return storage_error(path, "cannot open", exc)
+
+
+def _uri(path: Path, mode: Literal["rw", "rwc"]) -> str:
+    # mode=rw never creates a file: only _create_queue_file may bring one into being.
+    return f"{path.absolute().as_uri()}?mode={mode}"
+
+
+def _queue_file_exists(path: Path) -> bool:
+    """False when nothing is at ``path``; raise :class:`QueueCorrupt` for what cannot be a queue."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise storage_error(path, "cannot look at", exc) from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise QueueCorrupt(f"{path} is not a regular file: not a capd queue; move it aside "
+                           "(capd never replaces it) and start capd again to create a new queue")
+    if info.st_size == 0:
+        wal = path.with_name(path.name + "-wal")
+        hint = ""
+        with contextlib.suppress(OSError):
+            if wal.stat().st_size > 0:
+                hint = f"; {wal} beside it is not empty and may hold jobs: keep the two together"
+        raise QueueCorrupt(
+            f"{path} is empty: not a capd queue; move it aside (capd never replaces it), restore "
+            f"it from a backup if it held jobs, or start capd again to create a new queue{hint}")
+    return True
+
+
+def _discard_temporary(tmp: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{tmp}{suffix}")
+
+
+def _install(tmp: Path, path: Path) -> bool:
+    """Hard-link the finished ``tmp`` to ``path`` unless something is there; False if it was.
+
+    ``tmp`` is gone afterwards either way. The folder is fsynced so the new
+    name survives a power cut.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(f"{tmp}-wal").st_size > 0:  # only the main file is linked: it must be whole
+            raise QueueStorageError(f"cannot create the queue {path}: the new file's WAL was "
+                                    "not folded into it when it was closed")
+    try:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # unlike rename, link never replaces what is at path
+        except FileExistsError:
+            return False
+        finally:
+            _discard_temporary(tmp)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        raise storage_error(path, "could not put in place", exc) from exc
+    return True
+
+
+async def _create_queue_file(path: Path, busy_timeout_ms: int) -> None:
+    """Build a migrated queue under a temporary name beside ``path``, then link it there.
+
+    Nothing at ``path`` is ever replaced: when another process linked a
+    queue first, ours is dropped and the caller opens theirs. Closing the
+    temporary database before the link checkpoints its WAL into the main
+    file, so the one file linked holds the whole schema. On any failure
+    the temporary files are removed.
+    """
+    tmp = path.with_name(f"{path.name}.init-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        try:
+            db = await aiosqlite.connect(_uri(tmp, "rwc"), uri=True, isolation_level=None)
+        except (sqlite3.Error, OSError) as exc:
+            raise storage_error(path, "cannot create", exc) from exc
+        try:
+            # Messages name the path the operator knows, not the temporary one.
+            await _configure(db, path, "FULL", busy_timeout_ms)
+            await _migrate(db, path)
+            try:
+                row = await (await db.execute("PRAGMA wal_checkpoint(TRUNCATE)")).fetchone()
+            except sqlite3.Error as exc:
+                raise storage_error(path, "cannot create", exc) from exc
+            if row is None or row[0] != 0:
+                raise QueueStorageError(f"cannot create the queue {path}: the new file's "
+                                        "WAL could not be checkpointed")
+        finally:
+            await db.close()
+        installed = await asyncio.to_thread(_install, tmp, path)
+    except BaseException:
+        # A few unlinks, done here and now: a second cancellation must not skip them.
+        _discard_temporary(tmp)
+        raise
+    if installed:
+        log.info("queue_created", path=str(path), version=SCHEMA_VERSION)
+    else:
+        log.info("queue_created_elsewhere", path=str(path))
+
+
+async def _inspect(db: aiosqlite.Connection, path: Path) -> None:
+    """Refuse an existing file that is not a healthy capd queue, without writing to it.
+
+    Only a file being created by :func:`_create_queue_file` may start from
+    schema version 0; an existing one at version 0, or one that claims a
+    version but lacks the tables, is not a capd queue. A version newer than
+    this capd knows is left for that capd (:class:`QueueStorageError`).
+    """
+    try:
+        check = await (await db.execute("PRAGMA quick_check")).fetchone()
+        row = await (await db.execute("PRAGMA user_version")).fetchone()
+        tables = await (await db.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+            " AND name IN ('jobs', 'attempts')")).fetchone()
+    except sqlite3.Error as exc:
+        raise _open_error(path, exc) from exc
+    if check is None or check[0] != "ok":
+        raise QueueCorrupt(
+            f"the queue {path} failed its integrity check ({check[0] if check else '?'});"
+            " move it aside and inspect it with sqlite3 — capd never replaces it"
+        )
+    version = int(row[0]) if row else 0
+    if version > SCHEMA_VERSION:
+        raise QueueStorageError(
+            f"the queue {path} has schema version {version}, newer than this capd "
+            f"understands ({SCHEMA_VERSION}); upgrade capd"
+        )
+    if version == 0:
+        raise QueueCorrupt(
+            f"{path} is a SQLite database but not a capd queue (it has no capd schema); "
+            "move it aside (capd never replaces it) and start capd again to create a new "
+            "queue")
+    if tables is None or tables[0] != 2:
+        raise QueueCorrupt(
+            f"{path} says it is capd queue schema version {version} but lacks its tables; "
+            "move it aside and inspect it — capd never replaces it")
+
+
+async def _migrate(db: aiosqlite.Connection, path: Path) -> None:
+    """Bring the schema to :data:`SCHEMA_VERSION`.
+
+    Runs after :func:`_inspect` (an existing file) or on a file being
+    created, the only one that may start from version 0.
+    """
+    try:
+        row = await (await db.execute("PRAGMA user_version")).fetchone()
+    except sqlite3.Error as exc:
+        raise _open_error(path, exc) from exc
+    version = int(row[0]) if row else 0
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        try:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        await db.execute(statement)
+                await db.execute(f"PRAGMA user_version = {target}")
+                await db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                    with contextlib.suppress(sqlite3.Error):
+                        await db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise storage_error(path, "could not migrate", exc) from exc
+        log.info("queue_migrated", path=str(path), version=target)
+
+
+async def _configure(db: aiosqlite.Connection, path: Path, synchronous: str,
+                     busy_timeout_ms: int) -> None:
+    """Set WAL, ``synchronous``, the busy timeout and foreign keys, and check that they took."""
+    wanted = {"journal_mode": "wal", "synchronous": {"FULL": 2, "NORMAL": 1}[synchronous],
+              "busy_timeout": busy_timeout_ms, "foreign_keys": 1}
+    try:
+        await db.execute("PRAGMA journal_mode = WAL")
+        await db.execute(f"PRAGMA synchronous = {synchronous}")
+        await db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        await db.execute("PRAGMA foreign_keys = ON")
+        actual = {}
+        for name in wanted:
+            row = await (await db.execute(f"PRAGMA {name}")).fetchone()
+            actual[name] = row[0] if row else None
+    except sqlite3.Error as exc:
+        raise _open_error(path, exc) from exc
+    if str(actual["journal_mode"]).lower() != "wal":
+        raise QueueStorageError(
+            f"the queue {path} could not switch to WAL (journal_mode is "
+            f"{actual['journal_mode']}); put the state directory on a local filesystem"
+        )
+    for name in ("synchronous", "busy_timeout", "foreign_keys"):
+        if actual[name] != wanted[name]:
+            raise QueueStorageError(
+                f"the queue {path}: PRAGMA {name} is {actual[name]}, expected {wanted[name]}"
+            )
+
+
+def default_state_dir() -> Path:
+    """``$CAPD_STATE_DIR``, else ``/var/lib/capd`` as root, else ``$XDG_STATE_HOME/capd``."""
+    explicit = os.environ.get("CAPD_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    if os.geteuid() == 0:
+        return Path("/var/lib/capd")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "capd"
