@@ -5,6 +5,10 @@ The HTTP routes (``server/_api.py``) and the ``capd`` CLI subcommands
 fails if either surface has something the table does not. A row names its
 handler and its renderer rather than holding them, so the table is plain data
 that both sides read and the client never imports the server.
+
+A row's ``examples`` are command lines shown under "Examples" in the
+subcommand's ``--help``; they belong with the row so that a new command cannot
+land without them (a test asks every subcommand for them).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ class Option:
     is_flag: bool = False
     choices: tuple[str, ...] | None = None
     positional: bool = False
+    # A positional that takes every remaining word (sent joined by spaces), so that
+    # `capd search append a line` needs no quotes.
+    rest: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class OperatorCommand:
     render: str = "json"  # a key of the client's renderers (client/_render.RENDERERS)
     json_mode: bool = True
     mcp: McpTool | None = None
+    examples: tuple[str, ...] = ()  # command lines for --help; a comment may follow "#"
     path_params: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -65,11 +73,14 @@ FORCE = Option(("--force",), "force", "ignore the per-tool cooldown", is_flag=Tr
 
 COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand("health", "Overall health (application/health+json).", "GET", "/health",
-                    ("health",), "health", render="health"),
+                    ("health",), "health", render="health",
+                    examples=("capd health", "capd health --json | jq .checks")),
     OperatorCommand("livez", "Liveness: 200 while the process serves.", "GET", "/livez",
-                    ("livez",), "livez", json_mode=False),
+                    ("livez",), "livez", json_mode=False,
+                    examples=("capd livez || systemctl restart capd",)),
     OperatorCommand("readyz", "Readiness: 503 while starting or draining.", "GET", "/readyz",
-                    ("readyz",), "readyz", json_mode=False),
+                    ("readyz",), "readyz", json_mode=False,
+                    examples=("until capd readyz; do sleep 1; done   # wait for start-up",)),
     OperatorCommand(
         "list", "List capabilities as capsules.", "GET", "/capabilities", ("list",), "list_caps",
         options=(
@@ -78,6 +89,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             Option(("--tag",), "tag", "only capabilities with this tag"),
         ),
         render="list",
+        examples=("capd list", "capd list --state disabled", "capd list --tag notes --json"),
         mcp=McpTool(
             "list_capabilities",
             "List capabilities as short capsules, a page at a time, optionally by tag or "
@@ -96,7 +108,8 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         "search", "Search capabilities by words, tags and latency class.", "GET", "/search",
         ("search",), "search",
         options=(
-            Option(("query",), "q", "what you want to do, in words", positional=True),
+            Option(("query",), "q", "what you want to do, in words (no quotes needed)",
+                   positional=True, rest=True),
             Option(("-k",), "k", "how many results (default 5)"),
             Option(("--tag",), "tag", "only capabilities with these tags (comma-separated)"),
             Option(("--latency-class",), "latency_class", "inner, outer or both",
@@ -105,6 +118,9 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                    "also disabled capabilities, with why", is_flag=True),
         ),
         render="search",
+        examples=("capd search append a line to a note",
+                  "capd search -k 10 --tag notes snapshot",
+                  "capd search --include-disabled publish a note   # also disabled ones, with why"),
         mcp=McpTool(
             "search_capabilities",
             "Find capabilities by what you want to do. Returns the best matches as capsules "
@@ -127,6 +143,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand(
         "show", "Full manifest of one capability, with JSON Schema.", "GET",
         "/capabilities/{name}", ("show",), "show",
+        examples=("capd show notes.append", "capd show notes.append --json | jq .parameters"),
         mcp=McpTool(
             "get_capability",
             "The full manifest of one capability: description, parameters' JSON Schema, "
@@ -139,6 +156,12 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand(
         "call", "Call a capability with JSON parameters.", "POST", "/call/{name}", ("call",),
         "call", takes_params=True, render="call",
+        examples=(
+            'capd call notes.append -p note=welcome -p "line=hello from capd"   # key=value: text',
+            "capd call notes.search -p query=capd -p limit:=3   # key:=json: a number, list, ...",
+            """capd call notes.create --params '{"note": "todo", "title": "To do"}'""",
+            "capd call notes.append -p note=welcome -p line=hi --json   # the whole ToolResult",
+        ),
         mcp=McpTool(
             "invoke_capability",
             "Call a capability with its arguments. The result has a status (success, "
@@ -155,18 +178,26 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         ),
     ),
     OperatorCommand("recheck", "Re-probe a disabled capability's missing tools.", "POST",
-                    "/recheck/{name}", ("recheck",), "recheck", options=(FORCE,)),
+                    "/recheck/{name}", ("recheck",), "recheck", options=(FORCE,),
+                    examples=("capd recheck notes.publish",
+                              "capd recheck notes.publish --force   # even within the cooldown")),
     OperatorCommand("recheck-tool", "Re-probe one tool and restore what it unblocks.", "POST",
-                    "/recheck-tool/{tool}", ("recheck-tool",), "recheck_tool", options=(FORCE,)),
+                    "/recheck-tool/{tool}", ("recheck-tool",), "recheck_tool", options=(FORCE,),
+                    examples=("capd recheck-tool sync_server --force",)),
     OperatorCommand("reload", "Full reload: config, declarations, plugins, probes.", "POST",
-                    "/reload", ("reload",), "reload"),
+                    "/reload", ("reload",), "reload",
+                    examples=("capd reload   # waits for the outcome; exit 1 says why it failed",
+                              "systemctl reload capd   # the unit's ExecReload runs capd reload")),
     OperatorCommand("status", "Registry, reload and task statistics.", "GET", "/status",
-                    ("status",), "status"),
+                    ("status",), "status",
+                    examples=("capd status", "capd status --json | jq .reload")),
     OperatorCommand("metrics", "Prometheus metrics (text format).", "GET", "/metrics",
-                    ("metrics",), "metrics", json_mode=False),
+                    ("metrics",), "metrics", json_mode=False,
+                    examples=("capd metrics | grep capd_calls_total",)),
     # /queue/stats and /queue/purge come before /queue/{id} so that they match first.
     OperatorCommand("queue-stats", "Retry queue counts, oldest pending age, sweep outcomes.",
-                    "GET", "/queue/stats", ("queue", "stats"), "queue_stats"),
+                    "GET", "/queue/stats", ("queue", "stats"), "queue_stats",
+                    examples=("capd queue stats",)),
     OperatorCommand(
         "queue-purge", "Delete finished jobs of one state older than a duration.", "POST",
         "/queue/purge", ("queue", "purge"), "queue_purge",
@@ -175,6 +206,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                    choices=("done", "partial", "dead", "cancelled")),
             Option(("--older-than",), "older_than", "e.g. 7d, 12h, 30m (default 7d)"),
         ),
+        examples=("capd queue purge --state done --older-than 7d",),
     ),
     OperatorCommand(
         "queue-list", "List retry jobs, newest first.", "GET", "/queue", ("queue", "list"),
@@ -182,13 +214,17 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         options=(Option(("--state",), "state", "only jobs in this state"),
                  Option(("--limit",), "limit", "at most this many (default 100)")),
         render="jobs",
+        examples=("capd queue list", "capd queue list --state needs_operator --limit 20"),
     ),
     OperatorCommand("queue-show", "One retry job with its attempts.", "GET", "/queue/{id}",
-                    ("queue", "show"), "queue_show"),
+                    ("queue", "show"), "queue_show",
+                    examples=("capd queue show JOB_ID   # the ID column of `capd queue list`",)),
     OperatorCommand("queue-retry", "Make a parked or dead job due now.", "POST",
-                    "/queue/{id}/retry", ("queue", "retry"), "queue_retry"),
+                    "/queue/{id}/retry", ("queue", "retry"), "queue_retry",
+                    examples=("capd queue retry JOB_ID",)),
     OperatorCommand("queue-cancel", "Cancel a job that is not running.", "POST",
-                    "/queue/{id}/cancel", ("queue", "cancel"), "queue_cancel"),
+                    "/queue/{id}/cancel", ("queue", "cancel"), "queue_cancel",
+                    examples=("capd queue cancel JOB_ID",)),
 )
 
 

@@ -15,6 +15,14 @@ pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 CAPD = [sys.executable, "-m", "capd"]
 
 
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private state dir: the example's vault is seeded there, never in ~ or /var/lib."""
+    folder = tmp_path / "state"
+    monkeypatch.setenv("CAPD_STATE_DIR", str(folder))
+    return folder
+
+
 def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None
         ) -> subprocess.CompletedProcess[str]:
     merged = {**os.environ, **(env or {})}
@@ -59,13 +67,69 @@ def test_check_json(example_copy: Path) -> None:
 
 
 def test_env_overrides_the_file(example_copy: Path, tmp_path: Path) -> None:
-    """CAPD_VARS__VAULT moves the vault: a missing one disables every notes capability."""
+    """CAPD_VARS__VAULT moves the vault; with no seed a missing one disables every notes op."""
     done = run("check", "--config", str(example_copy / "capd.toml"), "--json",
-               env={"CAPD_VARS__VAULT": str(tmp_path / "nowhere")})
+               env={"CAPD_VARS__VAULT": str(tmp_path / "nowhere"), "CAPD_SEED": "[]"})
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["live"] == []
     assert report["tools"]["vault"]["error"] == f"{tmp_path / 'nowhere'} does not exist"
+
+
+def test_the_example_vault_is_seeded_into_the_state_dir(example_copy: Path, state_dir: Path
+                                                        ) -> None:
+    """check copies the bundled vault to {state_dir}/example-vault once; the copy is kept."""
+    done = run("check", "--config", str(example_copy / "capd.toml"), "--json")
+    assert done.returncode == 0, done.stderr
+    vault = state_dir / "example-vault"
+    assert json.loads(done.stdout)["tools"]["vault"]["ok"] is True
+    assert (vault / "welcome.md").read_bytes() == (
+        example_copy / "vault" / "welcome.md").read_bytes()
+    (vault / "welcome.md").write_text("mine\n")
+    again = run("check", "--config", str(example_copy / "capd.toml"))
+    assert again.returncode == 0, again.stderr
+    assert (vault / "welcome.md").read_text() == "mine\n"
+
+
+def test_a_seed_whose_source_is_missing_exits_1_naming_both(tmp_path: Path) -> None:
+    """A [[seed]] with no source folder is a config error naming the source and the path."""
+    config = tmp_path / "capd.toml"
+    config.write_text('[[seed]]\npath = "{state_dir}/v"\nsource = "nope"\n')
+    done = run("check", "--config", str(config))
+    assert done.returncode == 1
+    assert done.stderr == (f"capd: {config}: seed 0: {tmp_path / 'nope'} is not a folder "
+                           f"(it would be copied to {tmp_path / 'state' / 'v'}, which does "
+                           "not exist)\n")
+
+
+def test_unknown_environment_variables_are_warned_about_with_a_suggestion(
+    example_copy: Path, tmp_path: Path
+) -> None:
+    """A misspelt CAPD_* variable is named on stderr with the closest key; the run goes on."""
+    done = run("check", "--config", str(example_copy / "capd.toml"), "--json",
+               env={"CAPD_RECHECK_COLDOWN_S": "5", "CAPD_VAR__VAULT": "/srv/notes",
+                    "CAPD_ZZZ": "1"})
+    assert done.returncode == 0, done.stderr
+    json.loads(done.stdout)  # stdout stays the report alone
+    assert done.stderr.splitlines() == [
+        "capd: warning: CAPD_RECHECK_COLDOWN_S is not a capd setting and is ignored "
+        "(did you mean CAPD_RECHECK_COOLDOWN_S?)",
+        "capd: warning: CAPD_VAR__VAULT is not a capd setting and is ignored "
+        "(did you mean CAPD_VARS__VAULT?)",
+        "capd: warning: CAPD_ZZZ is not a capd setting and is ignored",
+    ]
+
+
+def test_variables_capd_reads_are_not_warned_about(example_copy: Path, tmp_path: Path) -> None:
+    """CAPD_CONFIG, CAPD_SOCKET, CAPD_STATE_DIR and nested keys are known: no warning."""
+    done = run("check", "--json", cwd=tmp_path,
+               env={"CAPD_CONFIG": str(example_copy / "capd.toml"),
+                    "CAPD_SOCKET": str(tmp_path / "s.sock"),
+                    "CAPD_STATE_DIR": str(tmp_path / "state"),
+                    "CAPD_VARS__VAULT": str(tmp_path / "v"),
+                    "capd_recheck_cooldown_s": "5"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
 
 
 def test_unknown_config_key_exits_1_naming_the_key(tmp_path: Path) -> None:
@@ -75,7 +139,8 @@ def test_unknown_config_key_exits_1_naming_the_key(tmp_path: Path) -> None:
     done = run("check", "--config", str(config))
     assert done.returncode == 1
     assert done.stdout == ""
-    assert done.stderr == f"capd: {config}: recheck_coldown_s: unknown key\n"
+    assert done.stderr == (f"capd: {config}: recheck_coldown_s: unknown key "
+                           "(did you mean recheck_cooldown_s?)\n")
 
 
 def test_bad_config_cases_exit_1_with_a_reason(tmp_path: Path) -> None:

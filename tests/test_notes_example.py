@@ -225,12 +225,18 @@ def example_daemon(example_copy: Path, short_tmp: Path) -> Iterator[DaemonProces
         daemon.kill()
 
 
+@pytest.fixture
+def served_vault(example_daemon: DaemonProcess, short_tmp: Path) -> Path:
+    """The vault the example daemon writes: its copy in the state dir, seeded at start."""
+    return short_tmp / "state" / "example-vault"
+
+
 @pytest.mark.slow
 def test_daemon_refuses_append_through_a_symlinked_note(
-    example_daemon: DaemonProcess, example_copy: Path, outside: Path
+    example_daemon: DaemonProcess, served_vault: Path, outside: Path
 ) -> None:
     """POST /call/notes.append on a symlinked note answers error_permanent; the target is intact."""
-    (example_copy / "vault" / "evil.md").symlink_to(outside)
+    (served_vault / "evil.md").symlink_to(outside)
     answer = example_daemon.call("POST", "/call/notes.append",
                                  {"note": "evil", "line": "pwned"})
     assert answer.status == 502, answer.body
@@ -245,11 +251,11 @@ def test_daemon_refuses_append_through_a_symlinked_note(
 
 @pytest.mark.slow
 def test_daemon_answers_422_to_a_title_with_a_line_break(
-    example_daemon: DaemonProcess, example_copy: Path
+    example_daemon: DaemonProcess, served_vault: Path
 ) -> None:
     """POST /call/notes.create with a line separator in the title is 422; no note is made."""
     answer = example_daemon.call("POST", "/call/notes.create",
                                  {"note": "inject", "title": "Hi\u2028# injected"})
     assert answer.status == 422, answer.body
     assert "title" in answer.body["detail"]
-    assert not (example_copy / "vault" / "inject.md").exists()
+    assert not (served_vault / "inject.md").exists()

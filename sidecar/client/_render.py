@@ -54,11 +54,43 @@ def render_jobs(body: Any) -> str:
 
 
 def render_search(body: Any) -> str:
-    """One line per hit: state, name, summary."""
-    lines = []
-    for hit in body["results"]:
-        lines.append(f"{hit['state']:<9} {hit['name']:<32} {hit['summary']}")
-    return "\n".join(lines) or "no capability matches"
+    """A table of hits, best first: score (or ``exact``), state, name, summary."""
+    hits = body["results"]
+    if not hits:
+        return "no capability matches"
+    width = max(len(h["name"]) for h in hits)
+    lines = [f"{'SCORE':>6}  {'STATE':<9} {'CAPABILITY':<{width}} SUMMARY"]
+    for hit in hits:
+        score = "exact" if hit.get("exact") or hit.get("score") is None else f"{hit['score']:.2f}"
+        summary = hit["summary"]
+        if hit.get("disabled"):
+            summary += f" (missing: {', '.join(hit['disabled']['missing'])})"
+        lines.append(f"{score:>6}  {hit['state']:<9} {hit['name']:<{width}} {summary}")
+    return "\n".join(lines)
+
+
+def describe_failure(command: str, body: Any) -> str:
+    """One sentence for an answer that is not 2xx, for ``capd: <sentence>`` on stderr.
+
+    A problem body gives its ``detail``; a ToolResult names the capability, the
+    message, its state and error type; a body with an ``error`` (a failed reload)
+    says that ``command`` failed and why.
+    """
+    if not isinstance(body, dict):
+        return f"{command} failed: {body}"
+    if body.get("detail"):
+        return str(body["detail"])
+    if "capability" in body and "status" in body:
+        kind = ", ".join(str(x) for x in (body["status"], body.get("error_type")) if x)
+        text = f"{body['capability']} failed: {body.get('message') or 'no message'} ({kind})"
+        if body.get("retry_after_s") is not None:
+            text += f"; retry after {body['retry_after_s']:g} s"
+        if body.get("alternatives"):
+            text += f"; alternatives: {', '.join(body['alternatives'])}"
+        return text
+    if body.get("error"):
+        return f"{command} failed: {body['error']}"
+    return f"{command} failed: {json.dumps(body)}"
 
 
 RENDERERS: dict[str, Callable[[Any], str]] = {

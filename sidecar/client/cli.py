@@ -1,11 +1,14 @@
 """The ``capd`` command line.
 
 Daemon commands are generated from the operator table (``_table.COMMANDS``):
-each row is one subcommand whose ``--json`` output equals the HTTP body. Two
-local commands stand beside them: ``serve`` (run the daemon) and ``check``
-(build the registry once and print it).
+each row is one subcommand whose ``--json`` output equals the HTTP body. Local
+commands stand beside them: ``serve`` (run the daemon), ``check`` (build the
+registry once and print it), ``mcp`` and ``mcp-config`` (the MCP bridge),
+``completion`` (a shell completion script) and ``install-units`` (the packaged
+service files). Every subcommand's ``--help`` ends with examples.
 
-Exit status: 0 done, 1 failed (the reason on stderr), 2 usage.
+Exit status: 0 done, 1 failed (one ``capd: <sentence>`` on stderr), 2 usage,
+130 interrupted (Ctrl-C), 141 the reader of stdout went away (``| head``).
 """
 
 from __future__ import annotations
@@ -22,17 +25,46 @@ from urllib.parse import quote, urlencode
 
 from capd.registry import CapdError, ConfigError, build
 
-from .._paths import DEFAULT_CONFIG_ENV, default_socket_path
+from .._errors import DaemonDown
+from .._paths import DEFAULT_CONFIG_ENV, capd_version, default_socket_path
 from .._table import COMMANDS, OperatorCommand
 from .._views import check_report, render_check_table
 from ._client import request
-from ._render import RENDERERS
+from ._completion import SHELLS
+from ._render import RENDERERS, describe_failure
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program stopped by Ctrl-C
+EXIT_PIPE = 141         # 128 + SIGPIPE, as a shell reports `yes | head -1`
 
-LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config")
+# Rows whose failing answer is itself the report (`capd health` while a check fails):
+# printed on stdout like a success, with exit 1.
+STATUS_REPORTS = frozenset({"health", "livez", "readyz"})
+
+PATH_PARAM_HELP = {"name": "a capability's name or alias", "tool": "a tool id from capd.toml",
+                   "id": "a job id (the ID column of capd queue list)"}
+
+LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config", "completion", "install-units")
+
+LOCAL_EXAMPLES: dict[str, tuple[str, ...]] = {
+    "serve": ("capd serve --config examples/capd.toml",
+              "capd serve --config /etc/capd/capd.toml --log-format json --log-level debug"),
+    "check": ("capd check --config examples/capd.toml",
+              "capd check --strict --json   # exit 1 on any declaration error, for CI"),
+    "mcp": ("capd mcp   # what an MCP client launches; see capd mcp-config",
+            "capd mcp --profile writer.toml --expose direct --tag notes"),
+    "mcp-config": ("capd mcp-config", "capd mcp-config --profile writer.toml"),
+    "completion": ("source <(capd completion bash)   # in ~/.bashrc",
+                   "capd completion zsh > ~/.zfunc/_capd   # with fpath+=(~/.zfunc)",
+                   "capd completion fish > ~/.config/fish/completions/capd.fish"),
+    "install-units": ("capd install-units --print   # read them first",
+                      "sudo capd install-units   # /etc/systemd/system, /etc/sysusers.d",
+                      "capd install-units --user   # ~/.config/systemd/user",
+                      "capd install-units --dest pkg/usr/lib/systemd/system   # packaging"),
+}
+"""Examples for the local commands' --help; the table's rows carry their own."""
 
 
 class UsageError(Exception):
@@ -52,6 +84,19 @@ def _socket_path(value: str | None) -> Path:
     return Path(chosen) if chosen else default_socket_path()
 
 
+def _epilog(examples: Sequence[str]) -> str:
+    return "Examples:\n" + "\n".join(f"  {line}" for line in examples)
+
+
+def _add_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str,
+    examples: Sequence[str],
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help shows ``summary`` and ends with ``examples`` as written."""
+    return sub.add_parser(name, help=summary, description=summary, epilog=_epilog(examples),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 # ----------------------------------------------------------------- local commands
 
 
@@ -60,6 +105,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ..server import load_config
 
     loaded = load_config(_config_path(args.config))
+    for variable in loaded.unknown_env:
+        print(f"capd: warning: {variable.sentence()}", file=sys.stderr)
+    loaded.seed()  # what the daemon would find at its start
     registry = asyncio.run(build(loaded.build_config()))
     report = check_report(registry.snapshot())
     report["not_on_host"] = dict(registry.not_on_host)
@@ -71,10 +119,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT."""
+    import structlog
+
     from .._logging import configure_logging
     from ..server import Daemon, load_config, run_daemon
 
     writer = configure_logging(args.log_level, args.log_format)
+    log = structlog.get_logger("capd.cli")
     # A reload re-imports plugins; cached bytecode could hide an edit made within
     # the same second that kept the file's size, so the daemon writes none.
     sys.dont_write_bytecode = True
@@ -84,9 +135,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "no config found: pass --config PATH, set CAPD_CONFIG, or run in a folder holding "
             "capd.toml (the bundled example: --config examples/capd.toml)")
     loaded = load_config(config_path)
+    for variable in loaded.unknown_env:
+        log.warning("unknown_environment_variable", variable=variable.name,
+                    did_you_mean=variable.suggestion)
+    for path in loaded.seed():
+        log.info("seeded", path=str(path))
     socket_path = Path(args.socket) if args.socket else None
     daemon = Daemon(loaded, socket_path=socket_path)
-    code = run_daemon(daemon.run())
+    try:
+        code = run_daemon(daemon.run())
+    except KeyboardInterrupt:
+        # Ctrl-C before the daemon's own handlers are installed (start-up: probes,
+        # plugin imports). The loop has cancelled the run, which closed the queue and
+        # released the state lock; a probe thread still sleeping is not waited for.
+        code = EXIT_INTERRUPTED
     # Everything durable is closed by now (queue, socket). Leave without joining op
     # threads that outlived the grace period: a hung op must not hold the process.
     if writer is not None:
@@ -101,7 +163,6 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from .._logging import configure_logging
-    from .._errors import DaemonDown
     from ._mcp import Bridge, DaemonLink, load_profile, serve
 
     configure_logging("warning", "json", stream=sys.stderr)  # stdout is the MCP channel
@@ -138,6 +199,37 @@ def cmd_mcp_config(args: argparse.Namespace) -> int:
         arguments += ["--expose", "direct", *(x for t in args.tag or () for x in ("--tag", t))]
     print(json.dumps({"mcpServers": {name: {"command": command, "args": arguments}}},
                      indent=2))
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Print the completion script for ``args.shell``, generated from the parser."""
+    from ._completion import completion_script
+
+    print(completion_script(make_parser(), args.shell), end="")
+    return EXIT_OK
+
+
+def cmd_install_units(args: argparse.Namespace) -> int:
+    """Print the packaged service files, or write them where the service manager reads them."""
+    from ._units import render_units, unit_set, write_units
+
+    dest = Path(args.dest) if args.dest else None
+    units = unit_set(user=args.user, launchd=args.launchd, dest=dest)
+    if args.print:
+        print(render_units(units), end="")
+        return EXIT_OK
+    try:
+        written = write_units(units)
+    except OSError as exc:
+        hint = "" if args.user or args.launchd or dest else " (run as root, or pass --user)"
+        print(f"capd: cannot write {exc.filename}: {exc.strerror or exc}{hint}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    if dest is None:
+        print(f"next: {units.next_step}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -178,6 +270,8 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
     body: dict[str, Any] | None = None
     for option in row.options:
         value = getattr(args, option.flags[0] if option.positional else option.dest)
+        if option.rest:
+            value = " ".join(value) or None
         if value in (None, False):
             continue
         if option.target == "query":
@@ -195,8 +289,8 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
         print(response.body, end="" if response.body.endswith("\n") else "\n")
     elif args.json:
         print(json.dumps(response.body, indent=2))
-    elif problem and isinstance(response.body, dict):
-        print(f"capd: {response.body.get('detail', response.body)}", file=sys.stderr)
+    elif problem or not (ok or row.id in STATUS_REPORTS):
+        print(f"capd: {describe_failure(' '.join(row.cli), response.body)}", file=sys.stderr)
     elif not row.json_mode:
         print(response.body.get("status") if isinstance(response.body, dict) else response.body)
     else:
@@ -211,21 +305,24 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         for depth in range(1, len(row.cli)):
             prefix = row.cli[:depth]
             if prefix not in groups:
-                group_parser = groups[prefix[:-1]].add_parser(
-                    prefix[-1], help=f"{prefix[-1]} commands"
-                )
+                members = [r for r in COMMANDS if r.cli[:depth] == prefix]
+                group_parser = _add_command(
+                    groups[prefix[:-1]], prefix[-1],
+                    f"{prefix[-1].capitalize()} commands: "
+                    + ", ".join(r.cli[depth] for r in members) + ".",
+                    [r.examples[0] for r in members if r.examples])
                 groups[prefix] = group_parser.add_subparsers(
                     dest=f"cmd_{depth}", metavar="COMMAND"
                 )
                 groups[prefix].required = True
             parent = groups[prefix]
-        parser = parent.add_parser(row.cli[-1], help=row.summary, description=row.summary)
+        parser = _add_command(parent, row.cli[-1], row.summary, row.examples)
         for name in row.path_params:
-            parser.add_argument(name, metavar=name.upper())
+            parser.add_argument(name, metavar=name.upper(), help=PATH_PARAM_HELP.get(name))
         for option in row.options:
             if option.positional:
                 parser.add_argument(option.flags[0], metavar=option.flags[0].upper(),
-                                    help=option.help)
+                                    help=option.help, nargs="*" if option.rest else None)
                 continue
             if option.is_flag:
                 parser.add_argument(*option.flags, dest=option.dest, action="store_true",
@@ -234,7 +331,7 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                 parser.add_argument(*option.flags, dest=option.dest, help=option.help,
                                     choices=option.choices)
         if row.takes_params:
-            parser.add_argument("--params", help="parameters as one JSON object")
+            parser.add_argument("--params", metavar="JSON", help="parameters as one JSON object")
             parser.add_argument("-p", dest="param", action="append", metavar="KEY=VALUE",
                                 help="one parameter: key=value (string) or key:=json; repeatable")
         parser.add_argument("--json", action="store_true", help="print the HTTP body as JSON")
@@ -245,11 +342,15 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of every ``capd`` subcommand."""
-    parser = argparse.ArgumentParser(prog="capd", description="capd: a capability sidecar.")
+    parser = argparse.ArgumentParser(
+        prog="capd", description="capd: a capability sidecar.",
+        epilog="`capd COMMAND --help` shows a command's options and examples.")
+    parser.add_argument("--version", action="version", version=f"capd {capd_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    serve = sub.add_parser("serve", help="run the daemon in the foreground")
+    serve = _add_command(sub, "serve", "Run the daemon in the foreground until SIGTERM/SIGINT.",
+                         LOCAL_EXAMPLES["serve"])
     serve.add_argument("--config", help="capd.toml (default: $CAPD_CONFIG or ./capd.toml)")
     serve.add_argument("--socket", help=f"socket path (default: {default_socket_path()})")
     serve.add_argument("--log-level", default="info",
@@ -258,7 +359,8 @@ def make_parser() -> argparse.ArgumentParser:
                        help="auto: console on a terminal, JSON lines otherwise")
     serve.set_defaults(handler=cmd_serve)
 
-    check = sub.add_parser("check", help="build the registry once and print what is live")
+    check = _add_command(sub, "check", "Build the registry once and print what is live.",
+                         LOCAL_EXAMPLES["check"])
     check.add_argument("--config", help="capd.toml (default: $CAPD_CONFIG or ./capd.toml)")
     check.add_argument("--json", action="store_true", help="print JSON")
     check.add_argument(
@@ -267,10 +369,10 @@ def make_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check)
 
     for name, handler, summary in (
-        ("mcp", cmd_mcp, "serve MCP on stdio, forwarding to the daemon"),
-        ("mcp-config", cmd_mcp_config, "print the MCP client config entry for the bridge"),
+        ("mcp", cmd_mcp, "Serve MCP on stdio, forwarding to the daemon."),
+        ("mcp-config", cmd_mcp_config, "Print the MCP client config entry for the bridge."),
     ):
-        mcp = sub.add_parser(name, help=summary, description=summary)
+        mcp = _add_command(sub, name, summary, LOCAL_EXAMPLES[name])
         mcp.add_argument("--socket", help="daemon socket (default: $CAPD_SOCKET or "
                          f"{default_socket_path()})")
         mcp.add_argument("--profile", help="a profile TOML limiting what the agent sees")
@@ -279,14 +381,34 @@ def make_parser() -> argparse.ArgumentParser:
         mcp.add_argument("--tag", action="append", help="with --expose direct: these tags")
         mcp.set_defaults(handler=handler)
 
+    completion = _add_command(
+        sub, "completion", "Print a shell completion script for every command and option.",
+        LOCAL_EXAMPLES["completion"])
+    completion.add_argument("shell", choices=SHELLS)
+    completion.set_defaults(handler=cmd_completion)
+
+    units = _add_command(
+        sub, "install-units", "Write the packaged systemd units (or the launchd agent) where "
+        "the service manager reads them, or print them.", LOCAL_EXAMPLES["install-units"])
+    units.add_argument("--print", action="store_true", help="print the files, write nothing")
+    units.add_argument("--user", action="store_true",
+                       help="the per-user units, for ~/.config/systemd/user")
+    units.add_argument("--launchd", action="store_true", default=sys.platform == "darwin",
+                       help="the macOS LaunchAgent (the default on macOS)")
+    units.add_argument("--dest", metavar="DIR", help="write every file into DIR instead")
+    units.set_defaults(handler=cmd_install_units)
+
     _add_table_commands(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``capd``; return the exit status (0 ok, 1 failed, 2 usage)."""
+def _run(argv: Sequence[str] | None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        sys.stdout.flush()  # --help into a closed pipe fails here, where main sees it
+        raise
     try:
         code: int = args.handler(args)
     except UsageError as exc:
@@ -296,7 +418,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"capd: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``capd``; return the exit status (0 ok, 1 failed, 2 usage, 130 and 141 stopped)."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`capd list | head -1`). Stop quietly, as a program killed by
+        # SIGPIPE does, and point stdout at /dev/null so that the interpreter's own last
+        # flush has nowhere to fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
     return code
 
 

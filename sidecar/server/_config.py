@@ -1,18 +1,26 @@
 """capd.toml, read with pydantic-settings; every key overridable by ``CAPD_*`` variables.
 
 Nested keys use ``__``: ``CAPD_VARS__VAULT=/srv/notes``. Relative paths in the
-file are relative to the file's folder. ``{config_dir}`` and the ``[vars]``
-table are substituted into tool specs and declaration options.
+file are relative to the file's folder. ``{config_dir}``, ``{state_dir}`` and the
+``[vars]`` table are substituted into tool specs, declaration options and seeds.
+
+A misspelt key is caught either way: an unknown key in the file is an error that
+suggests the closest known one; an unknown ``CAPD_*`` variable (which pydantic-settings
+would silently ignore) is kept on :attr:`LoadedConfig.unknown_env`, with a suggestion,
+for the caller to warn about.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import shutil
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from capd.recovery import BackoffPolicy, default_state_dir
@@ -27,6 +35,21 @@ from capd.registry import (
     render_vars,
 )
 
+ENV_PREFIX = "CAPD_"
+
+# CAPD_* variables read by something other than the settings: the config path
+# (sidecar/_paths.py) and the test suite's knobs (tests/test_crash.py, test_schema.py).
+_ENV_READ_ELSEWHERE = frozenset({"CAPD_CONFIG", "CAPD_CRASH_KILLS", "CAPD_UPDATE_GOLDEN"})
+
+
+class SeedSpec(BaseModel):
+    """A folder copied into place when it is missing, before the registry is first built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(description="The folder to create; {vars} allowed.")
+    source: str = Field(description="The folder it starts as a copy of; {vars} allowed.")
+
 
 class CapdConfig(BaseSettings):
     """The daemon's configuration. Unknown keys are an error naming the key."""
@@ -40,6 +63,8 @@ class CapdConfig(BaseSettings):
     declarations: list[str] = Field(default_factory=list, description="TOML files or folders.")
     tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
     vars: dict[str, str] = Field(default_factory=dict)
+    seed: list[SeedSpec] = Field(
+        default_factory=list, description="Folders copied into place when missing, at start.")
     entry_points: bool = True
     socket: str | None = None
     state_dir: str | None = None
@@ -90,13 +115,27 @@ class CapdConfig(BaseSettings):
         return (env_settings, init_settings)
 
 
+class UnknownVariable(NamedTuple):
+    """A ``CAPD_*`` environment variable that names no setting, and the closest that does."""
+
+    name: str
+    suggestion: str | None
+
+    def sentence(self) -> str:
+        """``CAPD_X is not a capd setting and is ignored (did you mean CAPD_Y?)``."""
+        hint = f" (did you mean {self.suggestion}?)" if self.suggestion else ""
+        return f"{self.name} is not a capd setting and is ignored{hint}"
+
+
 class LoadedConfig:
     """A validated config plus where it came from."""
 
-    def __init__(self, config: CapdConfig, path: Path | None) -> None:
+    def __init__(self, config: CapdConfig, path: Path | None,
+                 unknown_env: tuple[UnknownVariable, ...] = ()) -> None:
         self.config = config
         self.path = path
         self.dir = path.parent.resolve() if path else Path.cwd()
+        self.unknown_env = unknown_env
 
     def resolve(self, value: str) -> Path:
         """Resolve ``value`` against the config file's folder."""
@@ -105,8 +144,8 @@ class LoadedConfig:
 
     @property
     def variables(self) -> dict[str, str]:
-        """``config_dir`` plus the ``[vars]`` table (whose values may use ``{config_dir}``)."""
-        base = {"config_dir": str(self.dir)}
+        """``config_dir``, ``state_dir`` and the ``[vars]`` table (whose values may use both)."""
+        base = {"config_dir": str(self.dir), "state_dir": str(self.state_dir())}
         try:
             rendered = {k: render_vars(v, base) for k, v in self.config.vars.items()}
         except TemplateError as exc:
@@ -132,6 +171,40 @@ class LoadedConfig:
     def state_dir(self) -> Path:
         """Where the queue lives: ``state_dir`` from the config, else the default."""
         return self.resolve(self.config.state_dir) if self.config.state_dir else default_state_dir()
+
+    def seed(self) -> list[Path]:
+        """Copy each ``[[seed]]`` source to its path where the path is missing; return those made.
+
+        An existing path is never touched, so this runs at every start. A copy is
+        made under a scratch name and renamed into place: a start interrupted
+        mid-copy leaves no half folder at the path. Raises :class:`ConfigError`
+        when a source is not a folder or the copy fails.
+        """
+        made = []
+        variables = self.variables
+        for number, spec in enumerate(self.config.seed):
+            try:
+                path = self.resolve(render_vars(spec.path, variables))
+                source = self.resolve(render_vars(spec.source, variables))
+            except TemplateError as exc:
+                raise ConfigError(f"{self.label}: seed {number}: {exc}") from exc
+            if path.exists() or path.is_symlink():
+                continue
+            if not source.is_dir():
+                raise ConfigError(f"{self.label}: seed {number}: {source} is not a folder "
+                                  f"(it would be copied to {path}, which does not exist)")
+            scratch = path.with_name(f".{path.name}.seed-{os.getpid()}")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(source, scratch, symlinks=True,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+                scratch.rename(path)
+            except OSError as exc:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise ConfigError(f"{self.label}: seed {number}: cannot copy {source} to "
+                                  f"{path}: {exc.strerror or exc}") from exc
+            made.append(path)
+        return made
 
     def backoff(self) -> BackoffPolicy:
         """The retry back-off from the config."""
@@ -168,11 +241,43 @@ def load_config(path: Path | None) -> LoadedConfig:
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    unknown = [key for key in data if key not in CapdConfig.model_fields]
+    if unknown:
+        raise ConfigError(f"{label}: " + "; ".join(
+            f"{key}: unknown key{_did_you_mean(key, list(CapdConfig.model_fields))}"
+            for key in unknown))
     try:
         config = CapdConfig(**data)
     except ValidationError as exc:
         text, _ = describe_validation_error(exc)
         raise ConfigError(f"{label}: {text.replace('unknown field', 'unknown key')}") from exc
-    loaded = LoadedConfig(config, path)
+    loaded = LoadedConfig(config, path, unknown_environment_variables(os.environ))
     loaded.tools()  # a broken tool spec is a config error, found now
     return loaded
+
+
+def _did_you_mean(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_environment_variables(environ: Mapping[str, str]) -> tuple[UnknownVariable, ...]:
+    """The ``CAPD_*`` names in ``environ`` that set no key, each with the closest known name.
+
+    A name is known when it is ``CAPD_<KEY>`` or ``CAPD_<KEY>__<nested>`` for a key
+    of :class:`CapdConfig` (matched without regard to case, as pydantic-settings
+    does), or one read elsewhere (``CAPD_CONFIG``).
+    """
+    keys = [key.upper() for key in CapdConfig.model_fields]
+    found = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in _ENV_READ_ELSEWHERE:
+            continue
+        key, nested, rest = upper.removeprefix(ENV_PREFIX).partition("__")
+        if key in keys:
+            continue
+        close = difflib.get_close_matches(key, keys, n=1)
+        suggestion = f"{ENV_PREFIX}{close[0]}{nested}{rest}" if close else None
+        found.append(UnknownVariable(name, suggestion))
+    return tuple(found)

@@ -1,0 +1,106 @@
+"""``capd install-units``: the service files shipped in the package, printed or written.
+
+The wheel carries ``systemd/`` (the checkout's folder, linked into the ``capd``
+package) so that an operator who installed capd from an index has the same
+units the README describes. Three sets:
+
+- system (the default): ``capd.service`` and ``capd.socket`` for
+  ``/etc/systemd/system``, the sysusers.d entry for ``/etc/sysusers.d``;
+- ``--user``: the per-user units for ``~/.config/systemd/user``;
+- ``--launchd`` (the default on macOS): the LaunchAgent for
+  ``~/Library/LaunchAgents``, its ``/Users/USERNAME`` replaced by the home folder.
+
+``--dest DIR`` puts every file of the set in DIR instead (for packaging).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class UnitFile:
+    """One file to install: its text and where it goes."""
+
+    target: Path
+    text: str
+
+
+@dataclass(frozen=True)
+class UnitSet:
+    """The files of one kind of installation and what to run after writing them."""
+
+    files: tuple[UnitFile, ...]
+    next_step: str
+
+
+def _packaged(relative: str) -> str:
+    """The text of ``systemd/<relative>`` as shipped in the ``capd`` package."""
+    return (files("capd") / "systemd" / relative).read_text(encoding="utf-8")
+
+
+def _config_home() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+
+
+def unit_set(*, user: bool, launchd: bool, dest: Path | None) -> UnitSet:
+    """The files for a system, ``user`` or ``launchd`` install, under ``dest`` when given.
+
+    Raises :class:`FileNotFoundError` when the package lacks its ``systemd/`` data.
+    """
+    sources: list[tuple[str, Path]]
+    if launchd:
+        home = str(Path.home())
+        agents = Path.home() / "Library" / "LaunchAgents"
+        plist = _packaged("dev.capd.capd.plist").replace("/Users/USERNAME", home)
+        target = (dest or agents) / "dev.capd.capd.plist"
+        return UnitSet((UnitFile(target, plist),),
+                       f"launchctl bootstrap gui/$(id -u) {target}")
+    if user:
+        folder = _config_home() / "systemd" / "user"
+        sources = [("user/capd.service", folder / "capd.service"),
+                   ("user/capd.socket", folder / "capd.socket")]
+        step = ("systemctl --user daemon-reload && "
+                "systemctl --user enable --now capd.socket capd.service")
+    else:
+        folder = Path("/etc/systemd/system")
+        sources = [("capd.service", folder / "capd.service"),
+                   ("capd.socket", folder / "capd.socket"),
+                   ("capd.sysusers.conf", Path("/etc/sysusers.d/capd.conf"))]
+        step = ("systemd-sysusers && systemctl daemon-reload && "
+                "systemctl enable --now capd.socket capd.service")
+    unit_files = tuple(UnitFile(dest / target.name if dest else target, _packaged(source))
+                       for source, target in sources)
+    return UnitSet(unit_files, step)
+
+
+def render_units(units: UnitSet) -> str:
+    """Every file of ``units`` after a ``# <target>`` line, for reading or review."""
+    return "\n".join(f"# {unit.target}\n{unit.text}" for unit in units.files)
+
+
+def write_units(units: UnitSet) -> list[Path]:
+    """Write each file (mode 0644, parents made), replacing it whole; return the targets.
+
+    A file is written under a temporary name and renamed into place, so a unit
+    is never seen half written. Raises :class:`OSError` (permission, read-only
+    file system) at the first file that cannot be written.
+    """
+    written = []
+    for unit in units.files:
+        unit.target.parent.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=unit.target.parent, prefix=f".{unit.target.name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(unit.text)
+            os.chmod(scratch, 0o644)
+            os.replace(scratch, unit.target)
+        except BaseException:
+            Path(scratch).unlink(missing_ok=True)
+            raise
+        written.append(unit.target)
+    return written

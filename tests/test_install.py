@@ -1,0 +1,159 @@
+"""What an operator installs from: the quick start leaves the checkout clean, the wheel
+carries the example and the units, and `capd install-units` prints or writes them."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import plistlib
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from .conftest import EXAMPLES, ROOT
+from .daemon import DaemonProcess
+
+pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
+
+CAPD = [sys.executable, "-m", "capd"]
+UNITS = ROOT / "systemd"
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CAPD, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+# ------------------------------------------------------------------ the quick start
+
+
+def _examples_status() -> str:
+    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored",
+                           "--", "examples"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=True)
+    return done.stdout
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
+                    reason="needs git and a checkout")
+def test_the_quick_start_never_writes_to_tracked_files(short_tmp: Path) -> None:
+    """`capd serve --config examples/capd.toml` + a note appended: examples/ is as it was."""
+    status, tree = _examples_status(), _tree(EXAMPLES)
+    state = short_tmp / "state"
+    daemon = DaemonProcess(EXAMPLES / "capd.toml", short_tmp / "capd.sock",
+                           env={"CAPD_STATE_DIR": str(state)}).start()
+    try:
+        seeded = daemon.wait_event("seeded")
+        daemon.wait_ready()
+        done = subprocess.run([*CAPD, "call", "notes.append", "-p", "note=welcome",
+                               "-p", "line=hello from the quick start", "--socket",
+                               str(daemon.socket)], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+    finally:
+        daemon.stop()
+    vault = state / "example-vault"
+    assert seeded["path"] == str(vault)
+    assert (vault / "welcome.md").read_text().endswith("hello from the quick start\n")
+    assert (_examples_status(), _tree(EXAMPLES)) == (status, tree)
+
+
+# ------------------------------------------------------------------ the wheel's data
+
+
+def test_the_package_data_ships_every_example_and_unit_file() -> None:
+    """Each tracked file of examples/ and systemd/ is in a capd.* package or its package-data."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages, data = set(project["packages"]), project["package-data"]
+    missing = []
+    for top in ("examples", "systemd"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            package = ".".join(("capd", *path.relative_to(ROOT).parent.parts))
+            shipped = package in packages and (
+                path.suffix == ".py"
+                or any(fnmatch.fnmatch(path.name, g) for g in data.get(package, ())))
+            if not shipped:
+                missing.append(str(path.relative_to(ROOT)))
+    assert missing == []
+    for link in ("examples", "systemd"):  # what the package-dir mapping of "capd" finds
+        assert (ROOT / "capd" / link).resolve() == ROOT / link
+
+
+# ------------------------------------------------------------------ capd install-units
+
+
+def test_install_units_print_shows_the_system_units_and_where_they_go() -> None:
+    """--print: each packaged file after a `# <target>` line; the text is the file's."""
+    done = run("install-units", "--print")
+    assert (done.returncode, done.stderr) == (0, "")
+    expected = "\n".join([
+        f"# /etc/systemd/system/capd.service\n{(UNITS / 'capd.service').read_text()}",
+        f"# /etc/systemd/system/capd.socket\n{(UNITS / 'capd.socket').read_text()}",
+        f"# /etc/sysusers.d/capd.conf\n{(UNITS / 'capd.sysusers.conf').read_text()}",
+    ])
+    assert done.stdout == expected
+
+
+def test_install_units_user_writes_into_the_user_unit_folder(tmp_path: Path) -> None:
+    """--user writes the per-user units under $XDG_CONFIG_HOME/systemd/user, 0644."""
+    done = run("install-units", "--user", env={"XDG_CONFIG_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "systemd" / "user"
+    for name in ("capd.service", "capd.socket"):
+        assert (folder / name).read_bytes() == (UNITS / "user" / name).read_bytes()
+        assert (folder / name).stat().st_mode & 0o777 == 0o644
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"wrote {folder / 'capd.service'}", f"wrote {folder / 'capd.socket'}",
+        "next: systemctl --user daemon-reload && "
+        "systemctl --user enable --now capd.socket capd.service"]
+
+
+def test_install_units_dest_writes_every_file_there_and_replaces_old_ones(tmp_path: Path
+                                                                          ) -> None:
+    """--dest DIR gets the system set by installed name; an older unit there is replaced."""
+    dest = tmp_path / "pkg"
+    dest.mkdir()
+    (dest / "capd.service").write_text("old\n")
+    done = run("install-units", "--dest", str(dest))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["capd.conf", "capd.service",
+                                                      "capd.socket"]
+    assert (dest / "capd.service").read_bytes() == (UNITS / "capd.service").read_bytes()
+    assert (dest / "capd.conf").read_bytes() == (UNITS / "capd.sysusers.conf").read_bytes()
+    assert "next:" not in done.stderr
+
+
+def test_install_units_launchd_fills_in_the_home_folder(tmp_path: Path) -> None:
+    """--launchd writes the LaunchAgent with /Users/USERNAME replaced by $HOME; it parses."""
+    done = run("install-units", "--launchd", "--dest", str(tmp_path),
+               env={"HOME": "/Users/alice"})
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "dev.capd.capd.plist").read_text()
+    assert "/Users/USERNAME" not in text
+    agent = plistlib.loads(text.encode())
+    assert agent["ProgramArguments"][0] == "/Users/alice/.local/bin/capd"
+    assert agent["EnvironmentVariables"]["CAPD_STATE_DIR"] == (
+        "/Users/alice/Library/Application Support/capd")
+
+
+def test_install_units_that_cannot_write_exits_1_with_a_sentence(tmp_path: Path) -> None:
+    """A destination that cannot be made: `capd: cannot write …: <reason>`, exit 1."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    done = run("install-units", "--dest", str(blocker / "units"))
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.startswith(f"capd: cannot write {blocker / 'units'}: ")
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1
