@@ -1,13 +1,19 @@
 """Dispatch throughput and latency of `POST /call/{name}` over the Unix socket.
 
-Starts the real daemon (`capd serve`) on a no-op capability and, in the same
-run, a bare aiohttp handler on a Unix socket under uvloop (the baseline). Both
-are driven by the same raw keep-alive HTTP/1.1 client (pre-built request bytes,
-minimal parsing, uvloop) with 1 and 32 concurrent connections, each for a fixed
-time. Prints calls/s, p50/p99 and the ratio capd / bare. Then measures /health
-latency while full reloads whose probes take 2 s run back to back.
+Starts, in the same run, a bare aiohttp handler on a Unix socket under uvloop
+(the baseline) and two real daemons (`capd serve`) on a no-op capability: one
+with no policy at all, one with the whole policy pipeline on (a before-hook and
+an after-hook on every call, the capability behind a consent grant, loop
+detection counting every call of a session, each client connection its own
+session, thresholds out of reach so nothing is refused). All are driven by the
+same raw keep-alive HTTP/1.1 client (pre-built request bytes, minimal parsing,
+uvloop) with 1 and 32 concurrent connections, in interleaved rounds of a fixed
+time each. Prints the median calls/s with the spread over rounds, p50/p99 of
+the median round, and the ratios capd / bare and policy / no policy. Then
+measures /health latency while full reloads whose probes take 2 s run back to
+back.
 
-    python bench/dispatch.py [--seconds 5]
+    python bench/dispatch.py [--seconds 5] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -68,6 +74,19 @@ PACK = textwrap.dedent('''
     async def noop(params: Empty) -> None:
         return None
 
+    try:
+        from capd.registry import after_call, before_call
+    except ImportError:  # an older checkout (--root) without hooks
+        pass
+    else:
+        @before_call("bench.*")
+        async def look(capability, params, caller):
+            return None
+
+        @after_call("bench.*")
+        async def seen(capability, params, caller, result):
+            return None
+
     async def reload_probe() -> bool:
         if os.path.exists(os.environ["BENCH_SLOW_FLAG"]):
             await asyncio.sleep(2)
@@ -94,6 +113,23 @@ CAPS = textwrap.dedent('''
     op = "bench.noop"
     summary = "Do nothing."
     requires = ["gate"]
+''')
+
+NO_POLICY = textwrap.dedent('''
+    [policy.loops]
+    enabled = false
+''')
+
+POLICY = textwrap.dedent('''
+    [policy]
+    before = ["bench_pack:look"]
+    after = ["bench_pack:seen"]
+
+    [policy.loops]
+    warn_at = 100000000
+    block_at = 100000001
+    per_minute_warn = 100000000
+    per_minute_block = 100000001
 ''')
 
 
@@ -126,38 +162,45 @@ class Conn(asyncio.Protocol):
         return await self.waiter
 
 
-async def drive(sock: str, payload: bytes, clients: int, seconds: float) -> tuple[int, list[float]]:
+async def drive(sock: str, payload: bytes | list[bytes], clients: int,
+                seconds: float) -> tuple[int, list[float]]:
+    """``clients`` connections, each sending its payload (one for all, or one each)."""
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
         nonlocal errors
+        mine = payload[index] if isinstance(payload, list) else payload
         transport, proto = await loop.create_unix_connection(Conn, sock)
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            status = await proto.send(transport, payload)  # type: ignore[arg-type]
+            status = await proto.send(transport, mine)  # type: ignore[arg-type]
             latencies.append(time.perf_counter() - started)
             if status != 200:
                 errors += 1
         transport.close()
 
-    await asyncio.gather(*(worker() for _ in range(clients)))
+    await asyncio.gather(*(worker(i) for i in range(clients)))
     if errors:
         raise SystemExit(f"{errors} non-200 answers from {sock}")
     return len(latencies), latencies
 
 
-def request_bytes(path: str, body: bytes = b"") -> bytes:
+def request_bytes(path: str, body: bytes = b"", headers: bytes = b"") -> bytes:
     method = b"POST" if body else b"GET"
-    return (method + b" " + path.encode() + b" HTTP/1.1\r\nHost: capd\r\n"
-            b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+    return (method + b" " + path.encode() + b" HTTP/1.1\r\nHost: capd\r\n" + headers
+            + b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
             + b"\r\n\r\n" + body)
 
 
-def measure(sock: str, clients: int, seconds: float) -> dict[str, float]:
-    payload = request_bytes("/call/bench.noop", b"{}")
+def measure(sock: str, clients: int, seconds: float, sessions: bool = False
+            ) -> dict[str, float]:
+    payload: bytes | list[bytes] = request_bytes("/call/bench.noop", b"{}")
+    if sessions:  # each connection its own agent session, as capd mcp does
+        payload = [request_bytes("/call/bench.noop", b"{}", b"Capd-Session: bench-%d\r\n" % i)
+                   for i in range(clients)]
     uvloop.run(drive(sock, payload, clients, 0.5))  # warm-up
     count, lat = uvloop.run(drive(sock, payload, clients, seconds))
     lat.sort()
@@ -213,54 +256,90 @@ def health_during_reloads(sock: str, flag: Path, seconds: float) -> dict[str, fl
             "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3, "reloads": reloads}
 
 
+def start_capd(folder: Path, config: str, caps: str, env: dict[str, str]
+               ) -> tuple[subprocess.Popen[bytes], str, Path]:
+    folder.mkdir()
+    (folder / "bench_pack.py").write_text(PACK)
+    (folder / "caps.toml").write_text(caps)
+    (folder / "capd.toml").write_text(f'state_dir = "{folder}/state"\n' + CONFIG + config)
+    sock = str(folder / "capd.sock")
+    # The daemon logs one line per call to a file, as it would to journald: a pipe
+    # drained by this process would steal CPU from the load generator.
+    log = folder / "capd.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "capd", "serve", "--config",
+                                 str(folder / "capd.toml"), "--socket", sock],
+                                stdout=out, env=env)
+    return proc, sock, log
+
+
 def main() -> None:
+    from capd.sidecar.client._client import request
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="capd-bench-", dir="/tmp"))
-    (tmp / "bench_pack.py").write_text(PACK)
-    (tmp / "caps.toml").write_text(CAPS)
-    (tmp / "capd.toml").write_text(CONFIG)
     (tmp / "bare.py").write_text(BARE_SERVER)
     flag = tmp / "slow"
     env = {**os.environ, "BENCH_SLOW_FLAG": str(flag)}
-    capd_sock, bare_sock = str(tmp / "capd.sock"), str(tmp / "bare.sock")
-    # The daemon logs one line per call to a file, as it would to journald: a pipe
-    # drained by this process would steal CPU from the load generator.
-    log = (tmp / "capd.log").open("wb")
-    capd = subprocess.Popen([sys.executable, "-m", "capd", "serve", "--config",
-                             str(tmp / "capd.toml"), "--socket", capd_sock],
-                            stdout=log, env=env)
+    capd, capd_sock, capd_log = start_capd(tmp / "plain", NO_POLICY, CAPS, env)
+    guarded_caps = CAPS + 'consent_operations = ["bench.run"]\n'
+    policy, policy_sock, policy_log = start_capd(tmp / "policy", POLICY, guarded_caps, env)
+    bare_sock = str(tmp / "bare.sock")
     bare = subprocess.Popen([sys.executable, str(tmp / "bare.py"), bare_sock],
                             stdout=subprocess.PIPE, text=True)
     try:
-        wait_ready(tmp / "capd.log", capd)
+        wait_ready(capd_log, capd)
+        wait_ready(policy_log, policy)
         wait_line(bare, "ready")
-        print(f"dispatch bench, {os.cpu_count()} cores, {args.seconds:g} s per figure, "
-              "raw keep-alive HTTP/1.1 client over the Unix socket")
-        print(f"{'server':<28}{'clients':>8}{'calls/s':>11}{'p50 µs':>10}{'p99 µs':>10}")
-        results = {}
+        grant = request(Path(policy_sock), "POST", "/consent",
+                        body={"operations": ["bench.run"], "ttl": "1d"})
+        if grant.status != 200:
+            raise SystemExit(f"consent grant failed: {grant.body}")
+        print(f"dispatch bench, {os.cpu_count()} cores, {args.rounds} interleaved rounds of "
+              f"{args.seconds:g} s per figure, raw keep-alive HTTP/1.1 client over the Unix "
+              "socket")
+        print(f"{'server':<34}{'clients':>8}{'calls/s':>10}{'spread':>16}{'p50 µs':>9}"
+              f"{'p99 µs':>9}")
+        servers = (("bare aiohttp (baseline)", bare_sock, False),
+                   ("capd POST /call, no policy", capd_sock, False),
+                   ("capd POST /call, full policy", policy_sock, True))
+        results: dict[tuple[str, int], list[dict[str, float]]] = {}
         for clients in (1, 32):
-            servers = (("bare aiohttp (baseline)", bare_sock), ("capd POST /call", capd_sock))
-            for name, sock in servers:
-                results[(name, clients)] = r = measure(sock, clients, args.seconds)
-                print(f"{name:<28}{clients:>8}{r['rps']:>11.0f}{r['p50_us']:>10.0f}"
-                      f"{r['p99_us']:>10.0f}")
+            for _ in range(args.rounds):
+                for name, sock, sessions in servers:
+                    results.setdefault((name, clients), []).append(
+                        measure(sock, clients, args.seconds, sessions))
+            for name, _sock, _sessions in servers:
+                rounds = sorted(results[(name, clients)], key=lambda r: r["rps"])
+                mid = rounds[len(rounds) // 2]
+                spread = f"{rounds[0]['rps']:.0f}-{rounds[-1]['rps']:.0f}"
+                print(f"{name:<34}{clients:>8}{mid['rps']:>10.0f}{spread:>16}"
+                      f"{mid['p50_us']:>9.0f}{mid['p99_us']:>9.0f}")
+
+        def median(name: str, clients: int) -> float:
+            rounds = sorted(r["rps"] for r in results[(name, clients)])
+            return rounds[len(rounds) // 2]
+
         for clients in (1, 32):
-            ratio = results[("capd POST /call", clients)]["rps"] / results[
-                ("bare aiohttp (baseline)", clients)]["rps"]
-            print(f"ratio capd / bare aiohttp, {clients} client(s): {ratio:.2f} of the throughput")
+            bare_rps = median("bare aiohttp (baseline)", clients)
+            plain_rps = median("capd POST /call, no policy", clients)
+            policy_rps = median("capd POST /call, full policy", clients)
+            print(f"{clients:>2} client(s): capd / bare aiohttp {plain_rps / bare_rps:.2f}; "
+                  f"full policy / no policy {policy_rps / plain_rps:.2f} "
+                  f"(the pipeline costs {100 * (1 - policy_rps / plain_rps):.0f} % of calls/s)")
         health = health_during_reloads(capd_sock, flag, args.seconds)
         print(f"/health during back-to-back reloads with 2 s probes: n={health['n']} "
               f"p50 {health['p50_ms']:.2f} ms  p99 {health['p99_ms']:.2f} ms "
               f"({health['reloads']} reloads)")
     finally:
-        for proc in (capd, bare):
+        for proc in (capd, policy, bare):
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
-        log.close()
-        lines = len((tmp / "capd.log").read_bytes().splitlines())
-        print(f"capd log lines written during the run: {lines}")
+        lines = len(capd_log.read_bytes().splitlines())
+        print(f"capd log lines written during the run (no-policy daemon): {lines}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ SQLite and OS errors become :class:`QueueStorageError` (or :class:`QueueFull`,
 
 from ._attempts import RunningAttempts
 from ._calls import CallKind, CallOutcome, apply_passive_health, call_capability, classify_error
+from ._deadline import deadline
 from ._decision import BackoffPolicy
 from ._effects import (
     EffectCheck,
@@ -94,6 +95,7 @@ __all__ = [
     "check_effect",
     "classify_error",
     "combine",
+    "deadline",
     "default_state_dir",
     "verify_post_write_effects",
 ]

@@ -1,4 +1,4 @@
-"""capd's registry: the capability model, tool probes, ops, declarations and the build.
+"""capd's registry: the capability model, tool probes, ops and hooks, declarations and the build.
 
 It knows nothing of sockets, SQLite or the daemon.
 
@@ -51,6 +51,7 @@ from ._errors import (
     RegistryError,
     UnknownCapability,
 )
+from ._hooks import HookSpec, after_call, before_call
 from ._model import (
     Capability,
     CommandEffect,
@@ -84,6 +85,7 @@ from ._outcomes import (
 )
 from ._probes import Probe, probe_all, run_probe
 from ._registry import DisabledEntry, Registry, RegistrySnapshot
+from ._routes import ErrorRoute
 from ._schema import parameters_schema
 from ._search import Hit, SearchIndex, estimate_tokens, success_boost, tokenize
 from ._template import TemplateError, placeholders, render
@@ -101,9 +103,11 @@ __all__ = [
     "DeclarationSet",
     "DisabledEntry",
     "EffectSpec",
+    "ErrorRoute",
     "FileContainsEffect",
     "FileExistsEffect",
     "Hit",
+    "HookSpec",
     "HostRequirements",
     "HttpEffect",
     "HttpProbe",
@@ -132,6 +136,8 @@ __all__ = [
     "TransientToolError",
     "UnixProbe",
     "UnknownCapability",
+    "after_call",
+    "before_call",
     "build",
     "capability",
     "describe_validation_error",

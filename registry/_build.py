@@ -16,6 +16,7 @@ from ._model import NAME_PATTERN, Capability, OpEffect, ToolSpec, is_valid_name
 from ._ops import entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
+from ._routes import offered_routes, resolve_routes
 
 
 class BuildConfig(BaseModel):
@@ -42,7 +43,7 @@ async def build(
     edited op is picked up and the event loop keeps running. Every declared
     tool is probed exactly once, all at the same time; plain Python probes run
     on ``executor``. Declaration problems are collected on the registry, never
-    raised.
+    raised. The hooks the plugin modules mark become :attr:`Registry.hooks`.
 
     Raises :class:`PluginError` if a plugin cannot be imported and
     :class:`ConfigError` if a declarations path does not exist.
@@ -122,6 +123,8 @@ async def build(
             continue
         accepted[cap.name] = cap
 
+    _settle_routes(accepted, names, claimed, errors)
+
     probes = await probe_all(tools, probe=probe, executor=executor)
     registry = Registry(accepted.values(), tools, probes, errors=errors, ops=ops, clock=time.time)
     registry.not_on_host = not_on_host
@@ -154,3 +157,36 @@ def _alias_problems(
                             f"({owner.source or '?'})")
         seen.add(alias)
     return problems
+
+
+def _settle_routes(
+    accepted: dict[str, Capability], names: set[str], claimed: Mapping[str, Capability],
+    errors: list[DeclarationError],
+) -> None:
+    """Check and resolve the error routes of ``accepted`` in place, reporting into ``errors``.
+
+    A route may name any declared capability or claimed alias, wherever it is
+    declared, so it is checked once every name is known, the same way on every
+    host; an alias is resolved to its capability. A capability refused for
+    another reason still counts as declared (its own error says what is wrong;
+    a second error here would only hide it). A capability whose routes name
+    something else is left out. Then each chain keeps only what this build
+    offers, so the dispatcher never meets a name it cannot look up.
+    """
+    refused = {e.capability for e in errors if e.capability and is_valid_name(e.capability)}
+    known = {name: name for name in names | refused}
+    known.update((alias, owner.name) for alias, owner in claimed.items())
+    for cap in [c for c in accepted.values() if c.on_error]:
+        routes, problems = resolve_routes(cap.name, cap.on_error, known)
+        if problems:
+            errors.append(DeclarationError(
+                cap.source or "?", "on_error: " + "; ".join(problems), capability=cap.name,
+                field="on_error",
+            ))
+            del accepted[cap.name]
+        elif routes != cap.on_error:
+            accepted[cap.name] = cap.model_copy(update={"on_error": routes})
+    for cap in [c for c in accepted.values() if c.on_error]:
+        routes = offered_routes(cap.on_error, accepted)
+        if routes != cap.on_error:
+            accepted[cap.name] = cap.model_copy(update={"on_error": routes})

@@ -15,8 +15,17 @@ from concurrent.futures import Executor, Future
 from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from ._routes import ANY_ERROR, ErrorRoute, check_routes
 from ._template import TemplateError, check_known
 
 RetryPolicy = Literal["manual", "replay", "verify_first"]
@@ -283,6 +292,10 @@ class Capability(BaseModel):
     permanent_errors: tuple[Annotated[str, Field(pattern=ERROR_NAME_PATTERN)], ...] = Field(
         (), description="Exception classes (dotted names) that mean 'this call cannot work'.")
     host: HostRequirements | None = None
+    on_error: tuple[ErrorRoute, ...] = Field(
+        (), description="Per error type, the capabilities to try instead (see fallbacks_for).")
+    auto_fallback: bool = Field(
+        False, description="Try the on_error chain without asking; only when not mutating state.")
     source: str = ""
 
     @field_validator("requires")
@@ -293,6 +306,26 @@ class Capability(BaseModel):
                 raise ValueError(f"tool id {tool!r} must match {TOOL_ID_PATTERN}")
         if len(set(value)) != len(value):
             raise ValueError("a tool is listed twice")
+        return value
+
+    @field_validator("on_error")
+    @classmethod
+    def _routes_lead_elsewhere(
+        cls, value: tuple[ErrorRoute, ...], info: ValidationInfo
+    ) -> tuple[ErrorRoute, ...]:
+        # name and aliases are declared above, so they are validated first (absent if invalid).
+        own = [info.data["name"]] if "name" in info.data else []
+        check_routes(value, [*own, *info.data.get("aliases", ())])
+        return value
+
+    @field_validator("auto_fallback")
+    @classmethod
+    def _fallback_is_safe(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("mutates_state"):
+            raise ValueError(
+                "auto_fallback = true is only for a capability that does not mutate state (a "
+                "write must never be retried elsewhere unasked); set auto_fallback = false"
+            )
         return value
 
     @field_validator("summary")
@@ -363,6 +396,21 @@ class Capability(BaseModel):
         if names is None or params.keys() <= names:
             return []
         return sorted(k for k in params if k not in names)
+
+    def fallbacks_for(self, error_type: str) -> tuple[str, ...]:
+        """Return the capabilities to try after a failure with ``error_type``, in order.
+
+        The route declared for exactly ``error_type`` wins, else the ``"*"``
+        route, else there is none (an empty tuple). In a built registry the
+        names are canonical (an alias in a declaration is resolved).
+        """
+        fallback: tuple[str, ...] = ()
+        for route in self.on_error:
+            if route.error_type == error_type:
+                return route.try_
+            if route.error_type == ANY_ERROR and not fallback:
+                fallback = route.try_
+        return fallback
 
     @property
     def is_async(self) -> bool:

@@ -3,7 +3,8 @@
 ``@op("notes.append")`` and ``@capability(...)`` only *mark* a function by
 attaching a frozen spec to it; nothing is registered anywhere. A build imports
 the plugin modules and scans them (:func:`load_plugins`), producing a fresh
-:class:`OpTable` each time, so two builds never share state.
+:class:`OpTable` each time, so two builds never share state. The same scan
+collects the hooks ``@before_call`` and ``@after_call`` mark (``_hooks``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from ._errors import DeclarationError, PluginError
+from ._hooks import HookSpec, hooks_of
+from ._hooks import where as _where
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,10 +80,6 @@ def capability(
     return mark
 
 
-def _where(func: Callable[..., Any]) -> str:
-    return f"{getattr(func, '__module__', '?')}:{getattr(func, '__qualname__', '?')}"
-
-
 def infer_parameters(func: Callable[..., Any]) -> type[BaseModel] | None:
     """Return the pydantic model annotating ``func``'s first parameter, if any."""
     try:
@@ -98,12 +97,17 @@ def infer_parameters(func: Callable[..., Any]) -> type[BaseModel] | None:
 
 @dataclass
 class OpTable:
-    """The ops and code capabilities found by one scan of the plugin modules."""
+    """The ops, code capabilities and hooks found by one scan of the plugin modules.
+
+    ``hooks`` is keyed by :attr:`HookSpec.name`, in the order the scan met them
+    (modules in configured order, functions in definition order).
+    """
 
     ops: dict[str, OpSpec] = field(default_factory=dict)
     capabilities: list[CapabilitySpec] = field(default_factory=list)
     errors: list[DeclarationError] = field(default_factory=list)
     modules: list[str] = field(default_factory=list)
+    hooks: dict[str, HookSpec] = field(default_factory=dict)
 
     def add_module(self, module: ModuleType) -> None:
         """Collect every marked function in ``module``'s namespace."""
@@ -127,6 +131,23 @@ class OpTable:
             if isinstance(cap, CapabilitySpec) and id(cap.func) not in seen_caps:
                 self.capabilities.append(cap)
                 seen_caps.add(id(cap.func))
+            for hook in hooks_of(value):
+                self._add_hook(hook)
+
+    def _add_hook(self, hook: HookSpec) -> None:
+        # The same function met twice (re-exported, or under a second name) is one hook.
+        existing = self.hooks.get(hook.name)
+        if existing is None:
+            self.hooks[hook.name] = hook
+        elif existing is not hook:
+            self.errors.append(
+                DeclarationError(
+                    hook.source,
+                    f"hook name {hook.name!r} is already taken by the {existing.kind}-hook "
+                    f"{existing.source}; pass name= to tell them apart",
+                    field="name",
+                )
+            )
 
 
 def _import_fresh(name: str) -> ModuleType:
@@ -160,10 +181,23 @@ def load_plugins(
         try:
             module = _import_fresh(name) if fresh else importlib.import_module(name)
         except Exception as exc:
-            last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-            where = f" ({last[0].filename}:{last[0].lineno})" if last else ""
+            last = _plugin_frame(exc)
+            where = f" ({last.filename}:{last.lineno})" if last else ""
             if isinstance(exc, SyntaxError) and exc.filename:
                 where = f" ({exc.filename}:{exc.lineno})"
             raise PluginError(name, f"{type(exc).__name__}: {exc}{where}") from exc
         table.add_module(module)
     return table
+
+
+def _plugin_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """Return the innermost frame of ``exc`` outside this package, else the innermost one.
+
+    A marker that refuses its arguments raises inside the registry; the line
+    to fix is the plugin's.
+    """
+    frames = list(traceback.extract_tb(exc.__traceback__)) if exc.__traceback__ else []
+    here = Path(__file__).parent
+    outside = [f for f in frames if Path(f.filename).parent != here]
+    chosen = outside or frames
+    return chosen[-1] if chosen else None

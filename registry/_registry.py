@@ -7,6 +7,9 @@ layer moves capabilities between live and disabled *in place* through
 
 Every lookup by name also takes one of the capability's ``aliases``; what it
 returns is the capability itself, so results and logs carry the canonical name.
+
+:attr:`Registry.hooks` holds the before- and after-call hooks of the same
+build: they are swapped with it on reload, never shared between builds.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ._errors import DeclarationError, UnknownCapability
+from ._hooks import HookSpec
 from ._model import Capability, ProbeResult, ToolSpec
 from ._ops import OpTable
 from ._search import SearchIndex
@@ -64,8 +68,14 @@ class Registry:
         *,
         errors: Iterable[DeclarationError] = (),
         ops: OpTable | None = None,
+        hooks: Mapping[str, HookSpec] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """Place ``capabilities`` by ``probes``; ``hooks`` default to those ``ops`` collected.
+
+        Raises :class:`ValueError` for a duplicate name or a clashing alias
+        (a build reports those as declaration errors before they get here).
+        """
         self._clock = clock
         self._all: dict[str, Capability] = {}
         # alias -> canonical name; a build refuses clashing aliases before they get here.
@@ -77,6 +87,9 @@ class Registry:
         self._errors = tuple(errors)
         self._by_tool: dict[str, set[str]] = {}
         self.ops = ops or OpTable()
+        # Hooks by key (HookSpec.name), in the order the plugin scan found them.
+        self.hooks: Mapping[str, HookSpec] = MappingProxyType(
+            dict(self.ops.hooks if hooks is None else hooks))
         self.built_at = clock()
         self._index: SearchIndex | None = None
         # Capabilities left out because this host lacks what they need: name -> why.

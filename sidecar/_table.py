@@ -62,14 +62,20 @@ class OperatorCommand:
     render: str = "json"  # a key of the client's renderers (client/_render.RENDERERS)
     json_mode: bool = True
     mcp: McpTool | None = None
+    # Why a row is kept off the agent's surface (never an MCP tool), when that is the point.
+    operator_only: str | None = None
     examples: tuple[str, ...] = ()  # command lines for --help; a comment may follow "#"
     path_params: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path_params", tuple(re.findall(r"\{(\w+)\}", self.path)))
+        if self.mcp is not None and self.operator_only is not None:
+            raise ValueError(f"row {self.id}: an operator-only row is never an MCP tool")
 
 
 FORCE = Option(("--force",), "force", "ignore the per-tool cooldown", is_flag=True)
+CONSENT_IS_THE_OPERATORS = ("consent is given by a person through the operator's surface; an "
+                            "agent that could grant it would consent to itself")
 
 COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand("health", "Overall health (application/health+json).", "GET", "/health",
@@ -177,6 +183,56 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             headers={"idempotency_key": "Idempotency-Key"},
         ),
     ),
+    OperatorCommand(
+        "preflight", "Check a plan of calls at once: consent needed, refusals and why.", "POST",
+        "/preflight", ("preflight",), "preflight", takes_params=True,
+        examples=(
+            """capd preflight --params '{"calls": [{"capability": "notes.append", """
+            """"params": {"note": "a", "line": "b"}}]}'""",
+            "capd preflight --params \"$(cat plan.json)\" --json",
+        ),
+        mcp=McpTool(
+            "preflight_calls",
+            "Before running a plan, check all its calls in one round trip: the consent "
+            "operations still needed (ask the user once for all of them), and the calls that "
+            "would be refused and why (unknown, disabled, invalid parameters, outside your "
+            "profile).",
+            {"type": "object", "required": ["calls"], "properties": {
+                "calls": {"type": "array", "items": {
+                    "type": "object", "required": ["capability"], "properties": {
+                        "capability": {"type": "string"},
+                        "params": {"type": "object"}}}}}},
+            body="*",
+        ),
+    ),
+    OperatorCommand(
+        "consent-grant", "Grant consent for operations, for a while, maybe one session.",
+        "POST", "/consent", ("consent", "grant"), "consent_grant",
+        options=(
+            Option(("operations",), "operations", "the operations, e.g. vault.write",
+                   positional=True, rest=True, target="body"),
+            Option(("--session",), "session", "only for this agent session", target="body"),
+            Option(("--ttl",), "ttl", "how long, e.g. 30m, 1h, 7d (default 1h)",
+                   target="body"),
+        ),
+        operator_only=CONSENT_IS_THE_OPERATORS,
+        examples=("capd consent grant vault.write --ttl 1h",
+                  "capd consent grant vault.write mail.send --session 7f3a --ttl 30m"),
+    ),
+    OperatorCommand("consent-list", "Live consent grants, soonest to expire first.", "GET",
+                    "/consent", ("consent", "list"), "consent_list",
+                    operator_only=CONSENT_IS_THE_OPERATORS,
+                    examples=("capd consent list", "capd consent list --json")),
+    OperatorCommand("consent-revoke", "Revoke a consent grant.", "POST",
+                    "/consent/{id}/revoke", ("consent", "revoke"), "consent_revoke",
+                    operator_only=CONSENT_IS_THE_OPERATORS,
+                    examples=("capd consent revoke GRANT_ID   # the id from consent list",)),
+    OperatorCommand("sessions", "Agent sessions loop detection is counting.", "GET",
+                    "/sessions", ("sessions", "list"), "sessions_list",
+                    examples=("capd sessions list",)),
+    OperatorCommand("sessions-reset", "Forget a session's loop counts (unblocks it).", "POST",
+                    "/sessions/{session}/reset", ("sessions", "reset"), "sessions_reset",
+                    examples=("capd sessions reset 7f3a",)),
     OperatorCommand("recheck", "Re-probe a disabled capability's missing tools.", "POST",
                     "/recheck/{name}", ("recheck",), "recheck", options=(FORCE,),
                     examples=("capd recheck notes.publish",

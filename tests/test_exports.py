@@ -23,6 +23,7 @@ REGISTRY = {
     "Blocked", "Partial", "PermanentToolError", "ToolError", "ToolUnavailable",
     "TransientToolError", "Hit", "HostRequirements", "SearchIndex", "estimate_tokens",
     "success_boost", "tokenize", "describe_validation_error", "parse_tool", "render_vars",
+    "ErrorRoute", "HookSpec", "after_call", "before_call",
 }
 
 
@@ -55,6 +56,7 @@ RECOVERY = {
     "Verdict",
     "Verification", "apply_passive_health", "call_capability", "check_effect",
     "classify_error", "combine",
+    "deadline",
     "default_state_dir",
     "verify_post_write_effects",
 }

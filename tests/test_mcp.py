@@ -172,4 +172,31 @@ def test_mcp_tools_are_rendered_from_the_table() -> None:
     """The third surface: every MCP meta tool is a table row's, and no other exists."""
     assert set(META_TOOLS) == {row.mcp.name for row in COMMANDS if row.mcp}
     assert set(META_TOOLS) == {"search_capabilities", "get_capability", "list_capabilities",
-                               "invoke_capability"}
+                               "invoke_capability", "preflight_calls"}
+    # operator-only rows say why they are not tools; none of them is one
+    operator_only = {row.id: row.operator_only for row in COMMANDS if row.operator_only}
+    assert set(operator_only) == {"consent-grant", "consent-list", "consent-revoke"}
+    assert all(reason and "consent" in reason for reason in operator_only.values())
+
+
+async def test_preflight_and_loop_detection_through_the_bridge(start: Start) -> None:
+    """preflight_calls answers a plan in one round trip; the bridge's calls carry one
+    session, so the fifth identical call is refused as a loop."""
+    daemon = await asyncio.to_thread(start)
+    async with bridge(daemon.socket) as session:
+        plan = data(await session.call_tool("preflight_calls", {"calls": [
+            {"capability": "e2e.echo", "params": {"text": "a"}},
+            {"capability": "e2e.nope", "params": {}}]}))
+        assert plan["ready"] == [0]
+        assert [(r["index"], r["reason"]) for r in plan["refused"]] == [(1, "unknown")]
+        answers = [await session.call_tool("invoke_capability",
+                                           {"id": "e2e.echo", "arguments": {"text": "same"}})
+                   for _ in range(5)]
+        assert [a.is_error for a in answers] == [False] * 4 + [True]
+        assert data(answers[2])["warnings"]
+        assert data(answers[4])["error_type"] == "loop_detected"
+    # a new bridge is a new session: not held up by the last one's loop
+    async with bridge(daemon.socket) as session:
+        again = await session.call_tool("invoke_capability",
+                                        {"id": "e2e.echo", "arguments": {"text": "same"}})
+        assert not again.is_error

@@ -39,12 +39,13 @@ def peer_uid() -> Iterator[int]:
         subprocess.run(["userdel", PEER], check=True, timeout=60)
 
 
-def curl_as(uid: int, socket_path: Path, path: str) -> str:
-    """The HTTP status a client running under ``uid`` gets."""
+def curl_as(uid: int, socket_path: Path, path: str, body: str | None = None) -> str:
+    """The HTTP status a client running under ``uid`` gets (a POST when ``body`` is given)."""
+    data = ["-H", "Content-Type: application/json", "--data", body] if body is not None else []
     done = subprocess.run(
         ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
          shutil.which("curl") or "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-         "--unix-socket", str(socket_path), f"http://capd{path}"],
+         *data, "--unix-socket", str(socket_path), f"http://capd{path}"],
         capture_output=True, text=True, timeout=30, check=False)
     return done.stdout
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,8 +84,11 @@ def load_profile(path: Path) -> Profile:
 class DaemonLink:
     """HTTP over the daemon's Unix socket; a fresh connection after any failure."""
 
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, *, session: str | None = None) -> None:
         self.socket_path = socket_path
+        # One agent session per bridge process (one MCP client): the daemon's unit of loop
+        # detection and of session consent grants.
+        self.agent_session = session or secrets.token_hex(8)
         self._session: aiohttp.ClientSession | None = None
 
     async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
@@ -98,7 +102,8 @@ class DaemonLink:
         try:
             async with self._session.request(
                 method, f"http://capd{path}", params=query or None,
-                json=body if method == "POST" else None, headers=headers) as response:
+                json=body if method == "POST" else None,
+                headers={"Capd-Session": self.agent_session, **(headers or {})}) as response:
                 text = await response.text()
                 try:
                     return response.status, json.loads(text) if text else None
@@ -246,6 +251,9 @@ class Bridge:
         if name == "invoke_capability":
             return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
                                       arguments.get("idempotency_key"))
+        if name == "preflight_calls":
+            status, body = await self.link.request("POST", _ROWS[name].path, body=arguments)
+            return _problem(status, body) if status >= 400 else _text(body, is_error=False)
         if name == "get_capability":
             checked = await self._check_allowed(str(arguments["id"]))
             if isinstance(checked, types.CallToolResult):

@@ -15,7 +15,7 @@ import itertools
 import os
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -34,6 +34,7 @@ from capd.registry import CapdError, UnknownCapability
 
 from .._errors import BadRequest, Draining, InvalidParams
 from .._table import COMMANDS, OperatorCommand
+from ._consent import UnknownGrant
 from ._handlers import HANDLERS
 from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
@@ -109,6 +110,8 @@ def _problem_for(exc: Exception, path: str) -> HttpResponse:
             return problem(503, "Draining", str(exc))
         case UnknownJob():
             return problem(404, "Unknown Job", str(exc))
+        case UnknownGrant():
+            return problem(404, "Unknown Grant", str(exc))
         case IdempotencyConflict():
             return problem(409, "Idempotency Conflict", str(exc))
         case InvalidTransition():
@@ -244,6 +247,9 @@ class Api:
                 body = parse_body(request.body)
             query = (dict(parse_qsl(request.query_string, keep_blank_values=True))
                      if request.query_string else {})
+            session = headers.get("capd-session")
+            if session:
+                caller = replace(caller, session=session[:128])
             ctx = Context(services=self._services, path=path_params, query=query, body=body,
                           caller=caller, request_id=request_id,
                           idempotency_key=headers.get("idempotency-key"))

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from capd.recovery import BackoffPolicy, default_state_dir
@@ -49,6 +49,74 @@ class SeedSpec(BaseModel):
 
     path: str = Field(description="The folder to create; {vars} allowed.")
     source: str = Field(description="The folder it starts as a copy of; {vars} allowed.")
+
+
+class LoopsConfig(BaseModel):
+    """``[policy.loops]``: loop detection per agent session (see ``_loops.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    warn_at: int = Field(3, ge=2, description="Identical calls (or answers) that warn.")
+    block_at: int = Field(5, ge=2, description="Identical calls (or answers) that block.")
+    window_s: float = Field(60.0, gt=0, description="How far back calls count.")
+    per_minute_warn: int = Field(60, ge=1, description="Calls to one capability a minute.")
+    per_minute_block: int = Field(120, ge=1, description="... and the limit.")
+    anonymous: bool = Field(False, description="Also check callers that send no session.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LoopsConfig:
+        if self.block_at <= self.warn_at:
+            raise ValueError(f"block_at ({self.block_at}) must be above warn_at "
+                             f"({self.warn_at})")
+        if self.per_minute_block <= self.per_minute_warn:
+            raise ValueError(f"per_minute_block ({self.per_minute_block}) must be above "
+                             f"per_minute_warn ({self.per_minute_warn})")
+        return self
+
+
+class SsrfConfig(BaseModel):
+    """``[policy.ssrf]``: hosts, globs or networks the SSRF guard lets through."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow: list[str] = Field(default_factory=list)
+
+
+class PolicyConfig(BaseModel):
+    """``[policy]``: hooks by name and order, loop detection, the SSRF guard's allowlist."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    before: list[str] = Field(default_factory=list, description="Before-call hooks, in order.")
+    after: list[str] = Field(default_factory=list, description="After-call hooks, in order.")
+    loops: LoopsConfig = Field(default_factory=LoopsConfig)
+    ssrf: SsrfConfig = Field(default_factory=SsrfConfig)
+
+
+class ProfileConfig(BaseModel):
+    """``[profiles.NAME]``: the capabilities (name globs) and tags a bound caller may use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    capabilities: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+
+
+class PeerConfig(BaseModel):
+    """``[[peers]]``: callers bound to a profile, by uid or gid."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str
+    uid: int | None = None
+    gid: int | None = None
+
+    @model_validator(mode="after")
+    def _names_someone(self) -> PeerConfig:
+        if self.uid is None and self.gid is None:
+            raise ValueError("a [[peers]] entry names a uid or a gid")
+        return self
 
 
 class CapdConfig(BaseSettings):
@@ -101,6 +169,18 @@ class CapdConfig(BaseSettings):
     hook_timeout_s: float = Field(5.0, gt=0, description="Each before-hook must answer within.")
     user_code_threads: int = Field(
         16, ge=1, le=256, description="Threads for plain probes, verifiers and hooks.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    peers: list[PeerConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _peers_name_profiles(self) -> CapdConfig:
+        for peer in self.peers:
+            if peer.profile not in self.profiles:
+                known = ", ".join(sorted(self.profiles)) or "none declared"
+                raise ValueError(f"[[peers]] binds to profile {peer.profile!r}, which is not "
+                                 f"declared under [profiles] (profiles: {known})")
+        return self
 
     @classmethod
     def settings_customise_sources(

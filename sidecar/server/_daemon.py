@@ -13,11 +13,13 @@ ops run on ``op_executor``; plain probes, effect verifiers and before-hooks on
 from __future__ import annotations
 
 import asyncio
+import difflib
 import gc
 import os
 import resource
 import signal
 import time
+from collections import Counter
 from collections.abc import Awaitable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,18 +28,22 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
-from capd.registry import Registry, build
+from capd.registry import ConfigError, Registry, build
 
 from .._paths import capd_version, default_socket_path
 from ._api import Api
 from ._config import LoadedConfig, load_config
+from ._consent import ConsentStore
 from ._gateway import Gateway
 from ._http import HttpServer
+from ._loops import LoopDetector, LoopPolicy
 from ._metrics import Metrics
 from ._peers import PeerPolicy, RateLimiter
+from ._policy import NamedHook, PeerBinding, Policy, Profile
 from ._queueing import QueueSink
 from ._reload import Reloader
 from ._socket import bind_unix_socket, remove_socket, socket_inode
+from ._ssrf import SsrfGuard
 from ._statelock import acquire_state_lock
 from ._systemd import Notifier, inherited_socket, run_watchdog, watchdog_interval_s
 
@@ -96,7 +102,13 @@ class Daemon:
         self.running_attempts = RunningAttempts()
         self.queue: RetryQueue | None = None  # opened by run(); the sink answers NOT queued before
         self.metrics = Metrics(self)
-        self.gateway = Gateway(lambda: self.registry, self.rechecker,
+        # The policy is made from capd.toml and the registry's hooks once both exist, and
+        # again at each reload; until then, nothing is configured (and nothing is served).
+        self.consent: ConsentStore | None = None
+        self.policy_decisions: Counter[tuple[str, str]] = Counter()
+        self.policy = Policy(decisions=self.policy_decisions)
+        self._next_policy: Policy | None = None
+        self.gateway = Gateway(lambda: self.registry, self.rechecker, policy=lambda: self.policy,
                                executor=self.op_executor, hook_executor=self.user_executor,
                                hook_timeout_s=config.hook_timeout_s,
                                failure_sink=QueueSink(lambda: self.queue, self.running_attempts,
@@ -148,12 +160,56 @@ class Daemon:
     async def _rebuild(self) -> Registry:
         loaded = await asyncio.to_thread(load_config, self.loaded.path)
         registry = await build(loaded.build_config(), executor=self.user_executor)
+        # A hook name that no longer resolves fails the reload; the old policy stays.
+        self._next_policy = self._make_policy(loaded, registry)
         self.loaded = loaded
         return registry
 
     def _swap(self, registry: Registry) -> None:
         self.registry = registry
+        if self._next_policy is not None:
+            self.policy, self._next_policy = self._next_policy, None
         self.rechecker.cooldown_s = self.loaded.config.recheck_cooldown_s
+
+    def _make_policy(self, loaded: LoadedConfig, registry: Registry) -> Policy:
+        """The policy capd.toml asks for, with hooks from ``registry``'s plugins.
+
+        Raises :class:`ConfigError` naming a hook that neither a plugin nor capd has.
+        """
+        config = loaded.config
+        policy = config.policy
+        loops = LoopPolicy(**policy.loops.model_dump())
+        detector = self.policy.loops
+        if detector.policy != loops:  # same thresholds: the counts carry over a reload
+            detector = LoopDetector(loops)
+        builtins: dict[str, NamedHook] = {
+            "capd:ssrf_guard": NamedHook("capd:ssrf_guard", SsrfGuard(policy.ssrf.allow)),
+        }
+
+        def resolve(name: str, kind: str) -> NamedHook:
+            if name in builtins and kind == "before":
+                return builtins[name]
+            spec = registry.hooks.get(name)
+            if spec is not None and spec.kind == kind:
+                return NamedHook(name, spec.func, spec.pattern)
+            known = sorted([*builtins, *(k for k, s in registry.hooks.items() if s.kind == kind)])
+            close = difflib.get_close_matches(name, known, n=1)
+            why = (f"{name!r} is an {spec.kind}-call hook" if spec is not None else
+                   f"no plugin marks a hook {name!r}")
+            raise ConfigError(
+                f"[policy] {kind} = [...]: {why}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; {kind}-call hooks: {', '.join(known) or 'none'}")
+
+        return Policy(
+            profiles={name: Profile(name, tuple(p.capabilities), tuple(p.tags))
+                      for name, p in config.profiles.items()},
+            bindings=[PeerBinding(p.profile, p.uid, p.gid) for p in config.peers],
+            consent=self.consent, loops=detector,
+            before=[resolve(name, "before") for name in policy.before],
+            after=[resolve(name, "after") for name in policy.after],
+            hook_timeout_s=config.hook_timeout_s, hook_executor=self.user_executor,
+            decisions=self.policy_decisions)
 
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats:
         """The queue's counts, read at most once per ``max_age_s``: health stays cheap under load.
@@ -219,6 +275,7 @@ class Daemon:
         state_dir = self.loaded.state_dir()
         lock = acquire_state_lock(state_dir)
         try:
+            self.consent = ConsentStore.open(state_dir)  # refuses a damaged consent.json
             self.queue = await RetryQueue.open(
                 state_dir / "queue.db", synchronous=config.queue_synchronous,
                 backoff=self.loaded.backoff(),
@@ -241,7 +298,9 @@ class Daemon:
                                 attempt_running_max_s=config.attempt_running_max_s)
 
         # Phase 2: build the registry (probes run concurrently).
-        self.registry = await build(self.loaded.build_config(), executor=self.user_executor)
+        registry = await build(self.loaded.build_config(), executor=self.user_executor)
+        self.policy = self._make_policy(self.loaded, registry)
+        self.registry = registry
         counts = self.registry.snapshot().counts
         log.info("registry_built", queue=str(queue.path), **counts)
 

@@ -1,4 +1,4 @@
-"""Dispatch policy: validate, recheck if disabled, call under a timeout, classify.
+"""Dispatch: validate, apply the policy, recheck if disabled, call under a timeout, classify.
 
 Every call ends as a :class:`ToolResult` in one of five states. The gateway
 raises only for requests that never reach a capability: an unknown name
@@ -6,15 +6,16 @@ raises only for requests that never reach a capability: an unknown name
 included (:class:`InvalidParams`), or a daemon that is draining
 (:class:`Draining`).
 
-Before-hooks may be coroutines or plain functions; a plain one runs on the
-hook executor, never on the event loop. Each runs under ``hook_timeout_s``; a
-hook that raises or overruns blocks the call (fail closed) and says so.
+The policy pipeline (``_policy.py``) wraps the call: profile → consent → loop
+detector → before-hooks → call → error router → after-hooks. Hooks may be
+coroutines or plain functions; a plain one runs on the hook executor, never on
+the event loop. Each runs under ``hook_timeout_s``; a before-hook that raises
+or overruns blocks the call (fail closed) and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import os
 import time
@@ -22,16 +23,16 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capd.recovery import Rechecker, apply_passive_health, call_capability
-from capd.registry import Blocked, Capability, Registry
+from capd.registry import Capability, Registry
 
 from .._errors import Draining, InvalidParams
 from .._logging import log_call
+from ._policy import NamedHook, Policy
 from ._services import Caller
 
 ToolResultStatus = Literal[
@@ -59,6 +60,10 @@ class ToolResult(BaseModel):
     request_id: str
     retry_after_s: float | None = None
     queued: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    missing_consent: list[str] | None = None
+    unavailable_alternatives: dict[str, str] = Field(default_factory=dict)
+    answered_by: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The result as a JSON-ready mapping (cheaper than model_dump on the hot path)."""
@@ -117,6 +122,7 @@ class Gateway:
         rechecker: Rechecker,
         *,
         before_hooks: Sequence[BeforeHook] = (),
+        policy: Callable[[], Policy] | None = None,
         failure_sink: FailureSink | None = None,
         clock: Callable[[], float] = time.perf_counter,
         executor: Executor | None = None,
@@ -126,12 +132,18 @@ class Gateway:
     ) -> None:
         self._registry = registry
         self._rechecker = rechecker
-        self._hooks = tuple(before_hooks)
+        if policy is None:  # hooks given directly (tests, embedders): a policy of just those
+            fixed = Policy(before=[NamedHook(getattr(h, "__qualname__", repr(h)), h)
+                                   for h in before_hooks],
+                           hook_timeout_s=hook_timeout_s, hook_executor=hook_executor)
+
+            def policy() -> Policy:
+                return fixed
+
+        self._policy: Callable[[], Policy] = policy
         self._failure_sink = failure_sink
         self._clock = clock
         self._executor = executor
-        self._hook_executor = hook_executor
-        self.hook_timeout_s = hook_timeout_s
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -144,6 +156,11 @@ class Gateway:
     async def wait_idle(self) -> None:
         """Return when no call is in flight."""
         await self._idle.wait()
+
+    @property
+    def policy(self) -> Policy:
+        """The policy calls start on now."""
+        return self._policy()
 
     async def dispatch(
         self,
@@ -167,24 +184,20 @@ class Gateway:
         request_id = request_id or f"{self._id_prefix}-{next(self._ids):x}"
         caller = caller or Caller()
         registry = self._registry()  # this call finishes on the snapshot it started with
+        policy = self._policy()  # ... and on the policy it started with
         cap = registry.get(name)
-        unknown = cap.unknown_params(params)
-        if unknown:
-            raise InvalidParams(cap.name, [
-                {"type": "extra_forbidden", "loc": [key], "msg": (
-                    f"unknown parameter {key!r}; the parameters are "
-                    f"{', '.join(sorted(cap.parameters.model_fields)) or '(none)'}")}
-                for key in unknown])
-        try:
-            model = cap.parameters.model_validate(params)
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            raise InvalidParams(cap.name, [dict(e) for e in errors]) from exc
+        model = self._validate(cap, params)
         self.in_flight += 1
         self._idle.clear()
         started = self._clock()
+        running: Future[Any] | None = None
         try:
-            result, running = await self._call(registry, cap, model, caller, request_id, started)
+            if policy.active:
+                result, running = await self._guarded(registry, policy, cap, model, params,
+                                                      caller, request_id, started)
+            else:
+                result, running = await self._call(registry, policy, cap, model, caller,
+                                                   request_id, started)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
@@ -206,9 +219,157 @@ class Gateway:
         })
         return result
 
+    @staticmethod
+    def _validate(cap: Capability, params: Mapping[str, Any]) -> BaseModel:
+        unknown = cap.unknown_params(params)
+        if unknown:
+            raise InvalidParams(cap.name, [
+                {"type": "extra_forbidden", "loc": [key], "msg": (
+                    f"unknown parameter {key!r}; the parameters are "
+                    f"{', '.join(sorted(cap.parameters.model_fields)) or '(none)'}")}
+                for key in unknown])
+        try:
+            return cap.parameters.model_validate(params)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            raise InvalidParams(cap.name, [dict(e) for e in errors]) from exc
+
+    def _refuse(self, registry: Registry, policy: Policy, cap: Capability, caller: Caller,
+                request_id: str, started: float, kind: str, error_type: str, message: str,
+                **fields: Any) -> ToolResult:
+        policy.note(kind, "block", capability=cap.name, caller=caller, reason=message,
+                    request_id=request_id)
+        return self._finish(registry, cap, request_id, started, "error_blocked",
+                            error_type=error_type, message=message, alternatives=[], **fields)
+
+    async def _guarded(
+        self, registry: Registry, policy: Policy, cap: Capability, params: BaseModel,
+        raw: Mapping[str, Any], caller: Caller, request_id: str, started: float,
+    ) -> tuple[ToolResult, Future[Any] | None]:
+        """The call inside the policy pipeline (profile, consent, loops ... after-hooks).
+
+        ``raw`` is the parameters as the caller sent them (JSON), which loop detection
+        compares (the model holds the same values, validated).
+        """
+        def refuse(kind: str, error_type: str, message: str, **fields: Any) -> ToolResult:
+            return self._refuse(registry, policy, cap, caller, request_id, started, kind,
+                                error_type, message, **fields)
+
+        if policy.bindings:
+            profile = policy.profile_for(caller)
+            if profile is not None and not profile.allows(cap):
+                return refuse("profile", "outside_profile", (
+                    f"{cap.name} is outside profile {profile.name!r}, which binds this "
+                    f"caller (uid {caller.uid}); ask the operator to widen the profile")), None
+            policy.note("profile", "allow", capability=cap.name, caller=caller)
+        if cap.consent_operations and policy.consent is not None:
+            missing = policy.consent.missing(cap.consent_operations, caller.session)
+            if missing:
+                where = f" --session {caller.session}" if caller.session else ""
+                return refuse("consent", "consent_required", (
+                    f"{cap.name} needs consent for {', '.join(missing)}; no live grant covers "
+                    f"it. Ask the user; an operator grants it with: capd consent grant "
+                    f"{' '.join(missing)}{where} --ttl 1h"), missing_consent=missing), None
+            policy.note("consent", "allow", capability=cap.name, caller=caller)
+        warnings: list[str] = []
+        loops = policy.loops
+        checked = loops.checks(caller.session)
+        if checked:
+            verdict = loops.before(caller.session, cap.name, raw)
+            if verdict.decision == "block":
+                return refuse("loop", "loop_detected", verdict.message or "loop detected"), None
+            policy.note("loop", verdict.decision, capability=cap.name, caller=caller,
+                        reason=verdict.message, request_id=request_id)
+            if verdict.message:
+                warnings.append(verdict.message)
+        for hook in policy.before_hooks(cap.name):
+            refusal, notes = await policy.run_before(hook, cap, params, caller)
+            if refusal is not None:
+                return refuse("hook", "blocked", refusal), None
+            policy.note("hook", "annotate" if notes else "allow", capability=cap.name,
+                        caller=caller, reason="; ".join(notes) or None, request_id=request_id)
+            warnings.extend(notes)
+        result, running = await self._call(registry, policy, cap, params, caller, request_id,
+                                           started)
+        if not result.ok and cap.auto_fallback and cap.fallbacks_for(result.error_type or ""):
+            result = await self._fall_back(registry, policy, cap, params, caller, request_id,
+                                           result)
+        for hook in policy.after_hooks(cap.name):
+            await policy.run_after(hook, cap, params, caller, result)
+        if checked:
+            verdict = loops.after(caller.session, cap.name,
+                                  [result.status, result.error_type, result.result])
+            if verdict.message:
+                policy.note("loop", verdict.decision, capability=cap.name, caller=caller,
+                            reason=verdict.message, request_id=request_id)
+                warnings.append(verdict.message)
+        if warnings:
+            result = result.model_copy(update={"warnings": [*result.warnings, *warnings]})
+        return result, running
+
+    async def _fall_back(
+        self, registry: Registry, policy: Policy, cap: Capability, params: BaseModel,
+        caller: Caller, request_id: str, failed: ToolResult,
+    ) -> ToolResult:
+        """Try the error's chain in order (read-only capabilities that opted in)."""
+        tried = []
+        for name in cap.fallbacks_for(failed.error_type or ""):
+            other = registry.get(name)
+            if registry.disabled_entry(other.name) is not None or other.mutates_state:
+                continue
+            if not policy.visible(caller, other):
+                continue
+            try:
+                raw = params.model_dump(mode="json")
+                model = self._validate(other, raw)
+            except InvalidParams:
+                continue
+            tried.append(other.name)
+            answer, _ = await self._guarded(registry, policy, other, model, raw, caller,
+                                            request_id, self._clock())
+            if answer.ok:
+                policy.note("fallback", "answered", capability=cap.name, caller=caller,
+                            reason=f"{other.name} answered after {failed.error_type}",
+                            request_id=request_id)
+                return answer.model_copy(update={
+                    "capability": cap.name, "answered_by": other.name,
+                    "duration_s": failed.duration_s + answer.duration_s,
+                    "message": (f"{cap.name} failed ({failed.error_type}: {failed.message}); "
+                                f"{other.name} answered instead"),
+                })
+        if tried:
+            policy.note("fallback", "exhausted", capability=cap.name, caller=caller,
+                        reason=f"tried {', '.join(tried)}", request_id=request_id)
+        return failed
+
+    def _finish(self, registry: Registry, cap: Capability, request_id: str, started: float,
+                status: ToolResultStatus, **fields: Any) -> ToolResult:
+        if status in ("success", "partial"):
+            fields.setdefault("alternatives", [])
+        elif "alternatives" not in fields:
+            live, why = self._alternatives(registry, cap, fields.get("error_type"))
+            fields["alternatives"] = live
+            if why:
+                fields["unavailable_alternatives"] = why
+        fields.setdefault("result", None)
+        fields.setdefault("error_type", None)
+        fields.setdefault("message", None)
+        fields.setdefault("retry_after_s", None)
+        fields.setdefault("queued", None)
+        fields.setdefault("warnings", [])
+        fields.setdefault("missing_consent", None)
+        fields.setdefault("unavailable_alternatives", {})
+        fields.setdefault("answered_by", None)
+        # Every field is built here from known types: skip re-validation.
+        return ToolResult.model_construct(
+            status=status, capability=cap.name, request_id=request_id,
+            duration_s=self._clock() - started, **fields,
+        )
+
     async def _call(
         self,
         registry: Registry,
+        policy: Policy,
         cap: Capability,
         params: BaseModel,
         caller: Caller,
@@ -217,20 +378,7 @@ class Gateway:
     ) -> tuple[ToolResult, Future[Any] | None]:
         """The call's result, and its thread when that still runs after the call gave up."""
         def finish(status: ToolResultStatus, **fields: Any) -> ToolResult:
-            if status in ("success", "partial"):
-                fields.setdefault("alternatives", [])
-            else:
-                fields.setdefault("alternatives", self._alternatives(registry, cap))
-            fields.setdefault("result", None)
-            fields.setdefault("error_type", None)
-            fields.setdefault("message", None)
-            fields.setdefault("retry_after_s", None)
-            fields.setdefault("queued", None)
-            # Every field is built here from known types: skip re-validation.
-            return ToolResult.model_construct(
-                status=status, capability=cap.name, request_id=request_id,
-                duration_s=self._clock() - started, **fields,
-            )
+            return self._finish(registry, cap, request_id, started, status, **fields)
 
         if registry.disabled_entry(cap.name) is not None:
             recheck = await self._rechecker.recheck_disabled_capability(cap.name)
@@ -243,10 +391,6 @@ class Gateway:
                     message=f"{cap.name} is disabled: missing {', '.join(recheck.missing)}"
                     + (f" ({detail})" if detail else ""),
                 ), None
-        for hook in self._hooks:
-            refusal = await self._run_hook(hook, cap, params, caller)
-            if refusal is not None:
-                return finish("error_blocked", error_type="blocked", message=refusal), None
         outcome = await call_capability(cap, params, executor=self._executor)
         apply_passive_health(registry, cap, outcome)
         if outcome.kind == "success":
@@ -257,32 +401,25 @@ class Gateway:
                       message=outcome.message, retry_after_s=outcome.retry_after_s
                       ), outcome.abandoned
 
-    async def _run_hook(self, hook: BeforeHook, cap: Capability, params: BaseModel,
-                        caller: Caller) -> str | None:
-        """Run one before-hook off the loop if it is plain; the refusal's reason, or None."""
-        name = getattr(hook, "__qualname__", repr(hook))
-        try:
-            async with asyncio.timeout(self.hook_timeout_s):
-                if inspect.iscoroutinefunction(hook):
-                    await hook(cap, params, caller)
-                else:
-                    outcome = await asyncio.get_running_loop().run_in_executor(
-                        self._hook_executor, partial(hook, cap, params, caller))
-                    if inspect.isawaitable(outcome):
-                        await outcome
-        except Blocked as exc:
-            return exc.message
-        except TimeoutError:
-            return (f"before-hook {name} did not answer within {self.hook_timeout_s:g}s; "
-                    "the call is refused (hooks fail closed)")
-        except Exception as exc:  # a broken hook refuses the call: fail closed
-            return f"before-hook {name} failed ({type(exc).__name__}: {exc}); the call is refused"
-        return None
-
     @staticmethod
-    def _alternatives(registry: Registry, cap: Capability) -> list[str]:
+    def _alternatives(registry: Registry, cap: Capability,
+                      error_type: str | None) -> tuple[list[str], dict[str, str]]:
+        """What to try instead: the declared chain for this error (live ones, and the
+        disabled ones with why), else live capabilities sharing a tag."""
+        chain = cap.fallbacks_for(error_type or "")
+        if chain:
+            live: list[str] = []
+            why: dict[str, str] = {}
+            for name in chain:
+                entry = registry.disabled_entry(name)
+                if entry is None:
+                    live.append(name)
+                else:
+                    missing = ", ".join(entry.missing) or "its tools"
+                    why[name] = f"disabled: missing {missing}"
+            return live, why
         if not cap.tags:
-            return []
+            return [], {}
         tags = set(cap.tags)
-        live = registry.live_view()
-        return sorted(n for n, c in live.items() if n != cap.name and tags & set(c.tags))[:3]
+        view = registry.live_view()
+        return sorted(n for n, c in view.items() if n != cap.name and tags & set(c.tags))[:3], {}

@@ -7,15 +7,18 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+import structlog
+from pydantic import BaseModel, ValidationError
 
 from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
-from capd.registry import success_boost
+from capd.registry import Capability, UnknownCapability, success_boost
 
 from .._errors import BadRequest
 from .._views import capsule, disabled_view, manifest
 from ._json import Unencodable, dumps
-from ._services import Context, Reply, Services
+from ._services import ConsentBook, Context, Reply, Services
+
+log = structlog.get_logger("capd.handlers")
 
 if TYPE_CHECKING:
     from capd.recovery import CapabilityRecheck, ToolRecheck
@@ -165,8 +168,10 @@ async def list_caps(ctx: Context) -> Reply:
     if state not in (None, "live", "disabled"):
         raise BadRequest(f"state must be 'live' or 'disabled', not {state!r}")
     tag = ctx.query.get("tag")
-    items = [capsule(c, live=True) for c in snap.live.values()]
-    items += [capsule(e.capability, live=False) for e in snap.disabled.values()]
+    seen = _visible(ctx)
+    items = [capsule(c, live=True) for c in snap.live.values() if seen(c)]
+    items += [capsule(e.capability, live=False) for e in snap.disabled.values()
+              if seen(e.capability)]
     items = [i for i in items if (state is None or i["state"] == state)
              and (tag is None or tag in i["tags"])]
     items.sort(key=lambda i: i["name"])
@@ -176,6 +181,13 @@ async def list_caps(ctx: Context) -> Reply:
     more = offset + limit < len(items)
     return Reply(200, {"capabilities": page, "counts": snap.counts,
                        "next_cursor": str(offset + limit) if more else None})
+
+
+def _visible(ctx: Context) -> Callable[[Capability], bool]:
+    """Whether the caller's profile lets it see a capability (no profile: everything)."""
+    policy = ctx.services.policy
+    caller = ctx.caller
+    return lambda cap: policy.visible(caller, cap)
 
 
 def _int(ctx: Context, name: str, default: int) -> int:
@@ -205,9 +217,15 @@ async def search(ctx: Context) -> Reply:
     if latency not in (None, "inner", "outer", "both"):
         raise BadRequest("latency_class must be inner, outer or both")
     live = registry.live_view()
+    seen = _visible(ctx)
+
+    def allowed(name: str) -> bool:
+        if not include_disabled and name not in live:
+            return False
+        return seen(registry.get(name))
+
     hits = registry.search_index().search(
-        query, k=k, tags=tags, latency_class=latency,
-        allowed=(lambda _n: True) if include_disabled else (lambda n: n in live),
+        query, k=k, tags=tags, latency_class=latency, allowed=allowed,
         boost=success_boost(d.gateway.stats.by_status))
     snap = registry.snapshot() if include_disabled else None
     results = []
@@ -225,6 +243,8 @@ async def show(ctx: Context) -> Reply:
     """The full manifest of one capability."""
     registry = ctx.services.registry
     cap = registry.get(ctx.path["name"])
+    if not _visible(ctx)(cap):  # outside the caller's profile: as if it did not exist
+        raise UnknownCapability(ctx.path["name"], [])
     body = manifest(cap, registry.snapshot())
     stats = ctx.services.gateway.stats
     calls = dict(stats.by_status.get(cap.name, {}))
@@ -440,14 +460,140 @@ async def metrics(ctx: Context) -> Reply:
     return Reply(200, await ctx.services.metrics.render(), content_type=CONTENT_TYPE)
 
 
+
+# -- policy: pre-flight, consent, sessions -------------------------------------------------
+
+
+def _consent_book(ctx: Context) -> ConsentBook:
+    book = ctx.services.policy.consent
+    if book is None:
+        raise BadRequest("consent grants are not open yet (the daemon is starting)")
+    return book
+
+
+async def preflight(ctx: Context) -> Reply:
+    """Check a plan of calls in one round trip: consent still needed, refusals and why."""
+    body = ctx.body if isinstance(ctx.body, dict) else None
+    calls = body.get("calls") if body is not None else None
+    if not isinstance(calls, list) or not calls:
+        raise BadRequest('send {"calls": [{"capability": "...", "params": {...}}, ...]}')
+    if len(calls) > 1000:
+        raise BadRequest("a plan holds at most 1000 calls; check it in parts")
+    services = ctx.services
+    registry = services.registry
+    policy = services.policy
+    snap = registry.snapshot()
+    needed: list[str] = []
+    refused: list[dict[str, Any]] = []
+    ready: list[int] = []
+    for index, item in enumerate(calls):
+        name = item.get("capability") if isinstance(item, dict) else None
+        params = item.get("params", {}) if isinstance(item, dict) else None
+        if not isinstance(name, str) or not isinstance(params, dict):
+            refused.append({"index": index, "capability": name, "reason": "malformed",
+                            "detail": 'each call is {"capability": NAME, "params": {...}}'})
+            continue
+        try:
+            cap = registry.get(name)
+        except UnknownCapability as exc:
+            refused.append({"index": index, "capability": name, "reason": "unknown",
+                            "detail": str(exc)})
+            continue
+        if not policy.visible(ctx.caller, cap):
+            refused.append({"index": index, "capability": name, "reason": "outside_profile",
+                            "detail": f"{cap.name} is outside this caller's profile"})
+            continue
+        problems = _params_problems(cap, params)
+        if problems:
+            refused.append({"index": index, "capability": cap.name,
+                            "reason": "invalid_params", "detail": problems})
+            continue
+        entry = snap.disabled.get(cap.name)
+        if entry is not None:
+            view = disabled_view(entry, snap)
+            refused.append({"index": index, "capability": cap.name, "reason": "disabled",
+                            "detail": f"missing {', '.join(view['missing'])}",
+                            "missing_tools": view["missing"], "errors": view["errors"]})
+            continue
+        book = policy.consent
+        missing = book.missing(cap.consent_operations, ctx.caller.session) if book else []
+        needed.extend(op for op in missing if op not in needed)
+        ready.append(index)
+    return Reply(200, {"consent_needed": needed, "refused": refused, "ready": ready,
+                       "ok": not needed and not refused})
+
+
+def _params_problems(cap: Capability, params: dict[str, Any]) -> list[dict[str, Any]]:
+    unknown = cap.unknown_params(params)
+    if unknown:
+        return [{"loc": [k], "msg": "unknown parameter", "type": "extra_forbidden"}
+                for k in unknown]
+    try:
+        cap.parameters.model_validate(params)
+    except ValidationError as exc:
+        return [dict(e) for e in exc.errors(include_url=False, include_context=False,
+                                            include_input=False)]
+    return []
+
+
+async def consent_grant(ctx: Context) -> Reply:
+    """Grant consent for operations (the operator's surface)."""
+    body = ctx.body if isinstance(ctx.body, dict) else {}
+    raw = body.get("operations")
+    operations = (raw.replace(",", " ").split() if isinstance(raw, str) else
+                  [str(o) for o in raw] if isinstance(raw, list) else [])
+    if not operations:
+        raise BadRequest("name the operations to grant, e.g. vault.write")
+    ttl_text = body.get("ttl") or "1h"
+    ttl_s = parse_duration(str(ttl_text))
+    if ttl_s <= 0:
+        raise BadRequest("the TTL must be positive, e.g. 30m or 1h")
+    session = body.get("session") or None
+    grant = _consent_book(ctx).grant(operations, ttl_s=ttl_s, session=session,
+                                     granted_by_uid=ctx.caller.uid)
+    log.info("consent_granted", grant=grant.id, operations=operations, session=session,
+             ttl_s=ttl_s, by_uid=ctx.caller.uid)
+    return Reply(200, grant.view(time.time()))
+
+
+async def consent_list(ctx: Context) -> Reply:
+    """Live consent grants."""
+    now = time.time()
+    return Reply(200, {"grants": [g.view(now) for g in _consent_book(ctx).live()]})
+
+
+async def consent_revoke(ctx: Context) -> Reply:
+    """Revoke one grant."""
+    grant = _consent_book(ctx).revoke(ctx.path["id"])  # UnknownGrant: 404
+    log.info("consent_revoked", grant=grant.id, by_uid=ctx.caller.uid)
+    return Reply(200, {"revoked": grant.view(time.time())})
+
+
+async def sessions_list(ctx: Context) -> Reply:
+    """Sessions loop detection is counting."""
+    return Reply(200, {"sessions": ctx.services.policy.loops.sessions()})
+
+
+async def sessions_reset(ctx: Context) -> Reply:
+    """Forget one session's loop counts."""
+    session = ctx.path["session"]
+    known = ctx.services.policy.loops.reset(session)
+    log.info("session_reset", session=session, known=known, by_uid=ctx.caller.uid)
+    return Reply(200, {"session": session, "reset": known})
+
+
 Handler = Callable[[Context], Awaitable[Reply]]
 
 HANDLERS: dict[str, Handler] = {
     "call": call,
+    "consent_grant": consent_grant,
+    "consent_list": consent_list,
+    "consent_revoke": consent_revoke,
     "health": health,
     "list_caps": list_caps,
     "livez": livez,
     "metrics": metrics,
+    "preflight": preflight,
     "queue_cancel": queue_cancel,
     "queue_list": queue_list,
     "queue_purge": queue_purge,
@@ -459,6 +605,8 @@ HANDLERS: dict[str, Handler] = {
     "recheck_tool": recheck_tool,
     "reload": reload,
     "search": search,
+    "sessions_list": sessions_list,
+    "sessions_reset": sessions_reset,
     "show": show,
     "status": status,
 }

@@ -29,6 +29,13 @@ class DaemonCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         d = self._services
+        decisions = CounterMetricFamily(
+            "capd_policy_decisions", "Policy decisions by step (profile, consent, loop, hook, "
+            "fallback) and decision (allow, warn, annotate, block, answered, exhausted).",
+            labels=["kind", "decision"])
+        for (kind, decision), n in sorted(d.policy.decisions.items()):
+            decisions.add_metric([kind, decision], n)
+        yield decisions
         calls = CounterMetricFamily("capd_calls", "Calls by capability and result state.",
                                     labels=["capability", "status"])
         for name, by_status in d.gateway.stats.by_status.items():

@@ -10,7 +10,7 @@ the sidecar, so no import circle can pass through it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -22,7 +22,7 @@ from capd.recovery import (
     RetryQueue,
     ToolRecheck,
 )
-from capd.registry import Registry
+from capd.registry import Capability, Registry
 
 State = Literal["starting", "ready", "draining", "stopped"]
 
@@ -31,11 +31,16 @@ JSON = "application/json"
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who is calling: the peer's credentials, read from the socket."""
+    """Who is calling: the peer's credentials, read from the socket, and its session.
+
+    ``session`` is the ``Capd-Session`` header: an agent session (``capd mcp`` sends
+    one per client connection), the unit of loop detection and session grants.
+    """
 
     pid: int | None = None
     uid: int | None = None
     gid: int | None = None
+    session: str | None = None
 
 
 @dataclass
@@ -150,6 +155,43 @@ class Sweeping(Protocol):
     def storage_error(self) -> str | None: ...
 
 
+class GrantView(Protocol):
+    """One consent grant."""
+
+    @property
+    def id(self) -> str: ...
+    def view(self, now: float) -> dict[str, Any]: ...
+
+
+class ConsentBook(Protocol):
+    """The operator's consent grants."""
+
+    def grant(self, operations: Iterable[str], *, ttl_s: float, session: str | None = None,
+              granted_by_uid: int | None = None) -> GrantView: ...
+    def revoke(self, grant_id: str) -> GrantView: ...
+    def live(self) -> Sequence[GrantView]: ...
+    def missing(self, operations: Iterable[str], session: str | None) -> list[str]: ...
+
+
+class LoopBook(Protocol):
+    """Loop detection's per-session counts."""
+
+    def reset(self, session: str) -> bool: ...
+    def sessions(self) -> list[dict[str, Any]]: ...
+
+
+class PolicyView(Protocol):
+    """What handlers read of the policy: who sees what, consent, loop counts, decisions."""
+
+    def visible(self, caller: Caller, cap: Capability) -> bool: ...
+    @property
+    def consent(self) -> ConsentBook | None: ...
+    @property
+    def loops(self) -> LoopBook: ...
+    @property
+    def decisions(self) -> Mapping[tuple[str, str], int]: ...
+
+
 class MetricsText(Protocol):
     """The Prometheus exposition."""
 
@@ -189,5 +231,7 @@ class Services(Protocol):
     def sweep(self) -> Sweeping | None: ...
     @property
     def metrics(self) -> MetricsText: ...
+    @property
+    def policy(self) -> PolicyView: ...
     def task_stats(self) -> dict[str, int]: ...
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats: ...

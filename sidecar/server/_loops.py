@@ -1,0 +1,222 @@
+"""Loop detection per agent session: repeat, no progress, frequency.
+
+An agent stuck in a loop calls the same thing again and again. Three patterns,
+each counted per session (the ``Capd-Session`` header; ``capd mcp`` sends one
+per client connection) within a sliding window:
+
+- *repeat*: the same capability with the same parameters;
+- *no progress*: the same capability answering an identical result in a row
+  (whatever the parameters: paging that never advances);
+- *frequency*: calls to one capability in the last minute.
+
+Below ``warn_at`` a call is allowed; from ``warn_at`` it carries a warning; from
+``block_at`` it is refused. Every call is counted, refused ones too, so an
+agent that keeps hammering stays refused until the window has passed (or an
+operator resets its session). State is bounded: at most ``max_sessions``
+sessions (the one idle longest is forgotten first), each holding at most the
+calls of one window.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+Decision = Literal["allow", "warn", "block"]
+Pattern = Literal["repeat", "no_progress", "frequency"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopPolicy:
+    """Thresholds, from ``[policy.loops]`` in capd.toml."""
+
+    enabled: bool = True
+    warn_at: int = 3
+    block_at: int = 5
+    window_s: float = 60.0
+    per_minute_warn: int = 60
+    per_minute_block: int = 120
+    anonymous: bool = False  # loop-check callers that send no session too
+    max_sessions: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class LoopVerdict:
+    """What the detector says of one call."""
+
+    decision: Decision
+    pattern: Pattern | None = None
+    message: str | None = None
+
+
+ALLOW = LoopVerdict("allow")
+
+
+def fingerprint(value: Any) -> bytes:
+    """A short, stable key for a JSON-able value (keys sorted): the value itself when short."""
+    try:
+        raw = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        raw = repr(value).encode()
+    return raw if len(raw) <= 32 else hashlib.blake2b(raw, digest_size=16).digest()
+
+
+MAX_CALLS_KEPT = 10_000  # per session and window: the oldest are forgotten past this
+
+
+@dataclass
+class _Session:
+    """One session's counts, kept incrementally: every check is O(1) amortised."""
+
+    # (time, (capability, params fingerprint)) within window_s, and their counts
+    recent: collections.deque[tuple[float, tuple[str, bytes]]] = field(
+        default_factory=collections.deque)
+    same: collections.Counter[tuple[str, bytes]] = field(default_factory=collections.Counter)
+    # (time, capability) within the last minute, and their counts
+    minute: collections.deque[tuple[float, str]] = field(default_factory=collections.deque)
+    per_cap: collections.Counter[str] = field(default_factory=collections.Counter)
+    # capability -> (result fingerprint, identical answers in a row, time of the last)
+    streaks: dict[str, tuple[bytes, int, float]] = field(default_factory=dict)
+    last_call: float = 0.0
+
+
+class LoopDetector:
+    """Counts calls per session and says allow, warn or block."""
+
+    def __init__(self, policy: LoopPolicy, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()
+
+    def checks(self, session: str | None) -> bool:
+        """Whether calls of ``session`` are loop-checked at all."""
+        return self.policy.enabled and (session is not None or self.policy.anonymous)
+
+    def before(self, session: str | None, capability: str, params: Any) -> LoopVerdict:
+        """Count a call about to run; the verdict for it."""
+        if not self.checks(session):
+            return ALLOW
+        key = session or "(anonymous)"
+        now = self._clock()
+        state = self._session(key)
+        self._prune(state, now)
+        call_key = (capability, fingerprint(params))
+        state.recent.append((now, call_key))
+        state.same[call_key] += 1
+        state.minute.append((now, capability))
+        state.per_cap[capability] += 1
+        state.last_call = now
+        self._trim(state)
+        same = state.same[call_key]
+        minute = state.per_cap[capability]
+        streak = self._streak(state, capability, now)
+        p = self.policy
+        window = f"{p.window_s:g} s"
+        if same >= p.block_at:
+            return LoopVerdict("block", "repeat", (
+                f"{capability} was called {same} times with the same parameters within "
+                f"{window} in session {key}: this is a loop. Do not call it again with these "
+                "parameters; change them, use another capability, or ask the user."))
+        if streak + 1 >= p.block_at:
+            return LoopVerdict("block", "no_progress", (
+                f"{capability} answered the same result {streak} times in a row in session "
+                f"{key}: calling it again will not make progress. Change approach or ask "
+                "the user."))
+        if minute > p.per_minute_block:
+            return LoopVerdict("block", "frequency", (
+                f"{capability} was called {minute} times in the last minute in session {key} "
+                f"(limit {p.per_minute_block}): slow down or change approach."))
+        if same >= p.warn_at:
+            return LoopVerdict("warn", "repeat", (
+                f"{capability} called {same} times with the same parameters within {window}; "
+                f"call {p.block_at} will be refused as a loop"))
+        if minute > p.per_minute_warn:
+            return LoopVerdict("warn", "frequency", (
+                f"{capability} called {minute} times in the last minute; over "
+                f"{p.per_minute_block} will be refused"))
+        return ALLOW
+
+    def after(self, session: str | None, capability: str, result: Any) -> LoopVerdict:
+        """Record a call's answer; a warning when it repeats the previous ones."""
+        if not self.checks(session):
+            return ALLOW
+        key = session or "(anonymous)"
+        now = self._clock()
+        state = self._session(key)
+        digest = fingerprint(result)
+        previous = state.streaks.get(capability)
+        count = 1
+        if previous is not None and previous[0] == digest \
+                and now - previous[2] <= self.policy.window_s:
+            count = previous[1] + 1
+        state.streaks[capability] = (digest, count, now)
+        if count >= self.policy.warn_at:
+            return LoopVerdict("warn", "no_progress", (
+                f"{capability} answered the same result {count} times in a row; after "
+                f"{self.policy.block_at - 1} the next call is refused as a loop"))
+        return ALLOW
+
+    def reset(self, session: str) -> bool:
+        """Forget a session's counts (an operator's action); whether it was known."""
+        return self._sessions.pop(session, None) is not None
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The sessions being tracked, the one active last first."""
+        now = self._clock()
+        out = []
+        for name, state in reversed(self._sessions.items()):
+            self._prune(state, now)
+            out.append({"session": name, "calls_in_window": len(state.recent),
+                        "calls_last_minute": len(state.minute),
+                        "last_call_age_s": round(now - state.last_call, 3)})
+        return out
+
+    def _session(self, key: str) -> _Session:
+        state = self._sessions.get(key)
+        if state is None:
+            state = self._sessions[key] = _Session()
+            while len(self._sessions) > self.policy.max_sessions:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(key)
+        return state
+
+    def _prune(self, state: _Session, now: float) -> None:
+        window = self.policy.window_s
+        while state.recent and now - state.recent[0][0] > window:
+            self._forget_recent(state)
+        while state.minute and now - state.minute[0][0] > 60.0:
+            self._forget_minute(state)
+
+    def _trim(self, state: _Session) -> None:
+        while len(state.recent) > MAX_CALLS_KEPT:
+            self._forget_recent(state)
+        while len(state.minute) > MAX_CALLS_KEPT:
+            self._forget_minute(state)
+
+    @staticmethod
+    def _forget_recent(state: _Session) -> None:
+        _, key = state.recent.popleft()
+        state.same[key] -= 1
+        if not state.same[key]:
+            del state.same[key]
+
+    @staticmethod
+    def _forget_minute(state: _Session) -> None:
+        _, cap = state.minute.popleft()
+        state.per_cap[cap] -= 1
+        if not state.per_cap[cap]:
+            del state.per_cap[cap]
+
+    def _streak(self, state: _Session, capability: str, now: float) -> int:
+        previous = state.streaks.get(capability)
+        if previous is None or now - previous[2] > self.policy.window_s:
+            return 0
+        return previous[1]

@@ -1,0 +1,104 @@
+"""Loop detection: repeat, no progress and frequency, each warning then blocking."""
+
+from __future__ import annotations
+
+from capd.sidecar.server._loops import LoopDetector, LoopPolicy
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def detector(**policy: object) -> tuple[LoopDetector, Clock]:
+    clock = Clock()
+    return LoopDetector(LoopPolicy(**policy), clock=clock), clock  # type: ignore[arg-type]
+
+
+def test_the_same_call_warns_from_the_third_and_blocks_from_the_fifth() -> None:
+    loops, clock = detector()
+    decisions = []
+    for _ in range(6):
+        decisions.append(loops.before("s1", "web.fetch", {"url": "u"}).decision)
+        clock.now += 1
+    assert decisions == ["allow", "allow", "warn", "warn", "block", "block"]
+    verdict = loops.before("s1", "web.fetch", {"url": "u"})
+    assert verdict.pattern == "repeat"
+    assert "web.fetch was called 7 times with the same parameters" in (verdict.message or "")
+
+
+def test_other_parameters_other_sessions_and_time_are_not_a_repeat() -> None:
+    loops, clock = detector()
+    for i in range(10):
+        assert loops.before("s1", "web.fetch", {"url": f"u{i}"}).decision == "allow"
+    for _ in range(4):
+        loops.before("s2", "web.fetch", {"url": "same"})
+    assert loops.before("s3", "web.fetch", {"url": "same"}).decision == "allow"
+    clock.now += 61  # the window has passed
+    assert loops.before("s2", "web.fetch", {"url": "same"}).decision == "allow"
+
+
+def test_parameter_order_does_not_hide_a_repeat() -> None:
+    loops, _ = detector(warn_at=2)
+    loops.before("s", "c.x", {"a": 1, "b": 2})
+    assert loops.before("s", "c.x", {"b": 2, "a": 1}).decision == "warn"
+
+
+def test_the_same_answer_again_and_again_warns_then_blocks_the_next_call() -> None:
+    loops, clock = detector()
+    seen = []
+    for page in range(4):
+        assert loops.before("s", "docs.list", {"page": page}).decision == "allow"
+        seen.append(loops.after("s", "docs.list", {"items": []}).decision)
+        clock.now += 1
+    assert seen == ["allow", "allow", "warn", "warn"]
+    verdict = loops.before("s", "docs.list", {"page": 99})
+    assert (verdict.decision, verdict.pattern) == ("block", "no_progress")
+    assert "answered the same result 4 times in a row" in (verdict.message or "")
+
+
+def test_a_different_answer_breaks_the_streak() -> None:
+    loops, _ = detector()
+    for i in range(6):
+        loops.before("s", "q.poll", {"i": i})
+        assert loops.after("s", "q.poll", {"n": i % 2}).decision == "allow"
+
+
+def test_too_many_calls_a_minute_warn_then_block() -> None:
+    loops, clock = detector(per_minute_warn=5, per_minute_block=8)
+    decisions = []
+    for i in range(10):
+        decisions.append(loops.before("s", "m.ping", {"i": i}).decision)
+        clock.now += 0.5
+    assert decisions[:5] == ["allow"] * 5
+    assert decisions[5:8] == ["warn"] * 3
+    assert decisions[8:] == ["block"] * 2
+    clock.now += 61
+    assert loops.before("s", "m.ping", {"i": 99}).decision == "allow"
+
+
+def test_callers_without_a_session_are_not_checked_unless_asked() -> None:
+    loops, _ = detector()
+    assert all(loops.before(None, "c.x", {}).decision == "allow" for _ in range(10))
+    strict, _ = detector(anonymous=True)
+    assert [strict.before(None, "c.x", {}).decision for _ in range(5)][-1] == "block"
+
+
+def test_an_operator_reset_forgets_a_session() -> None:
+    loops, _ = detector()
+    for _ in range(5):
+        loops.before("s", "c.x", {})
+    assert loops.before("s", "c.x", {}).decision == "block"
+    assert loops.reset("s") is True
+    assert loops.before("s", "c.x", {}).decision == "allow"
+    assert loops.reset("nobody") is False
+
+
+def test_sessions_are_bounded() -> None:
+    loops, _ = detector(max_sessions=3)
+    for i in range(10):
+        loops.before(f"s{i}", "c.x", {})
+    assert [s["session"] for s in loops.sessions()] == ["s9", "s8", "s7"]
