@@ -15,7 +15,7 @@ import itertools
 import os
 import socket
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -249,7 +249,7 @@ class Api:
                      if request.query_string else {})
             session = headers.get("capd-session")
             if session:
-                caller = replace(caller, session=session[:128])
+                caller = Caller(caller.pid, caller.uid, caller.gid, session[:128])
             ctx = Context(services=self._services, path=path_params, query=query, body=body,
                           caller=caller, request_id=request_id,
                           idempotency_key=headers.get("idempotency-key"))

@@ -261,7 +261,7 @@ class Gateway:
                 return refuse("profile", "outside_profile", (
                     f"{cap.name} is outside profile {profile.name!r}, which binds this "
                     f"caller (uid {caller.uid}); ask the operator to widen the profile")), None
-            policy.note("profile", "allow", capability=cap.name, caller=caller)
+            policy.allow("profile")
         if cap.consent_operations and policy.consent is not None:
             missing = policy.consent.missing(cap.consent_operations, caller.session)
             if missing:
@@ -270,7 +270,7 @@ class Gateway:
                     f"{cap.name} needs consent for {', '.join(missing)}; no live grant covers "
                     f"it. Ask the user; an operator grants it with: capd consent grant "
                     f"{' '.join(missing)}{where} --ttl 1h"), missing_consent=missing), None
-            policy.note("consent", "allow", capability=cap.name, caller=caller)
+            policy.allow("consent")
         warnings: list[str] = []
         loops = policy.loops
         checked = loops.checks(caller.session)
@@ -278,17 +278,22 @@ class Gateway:
             verdict = loops.before(caller.session, cap.name, raw)
             if verdict.decision == "block":
                 return refuse("loop", "loop_detected", verdict.message or "loop detected"), None
-            policy.note("loop", verdict.decision, capability=cap.name, caller=caller,
-                        reason=verdict.message, request_id=request_id)
             if verdict.message:
+                policy.note("loop", verdict.decision, capability=cap.name, caller=caller,
+                            reason=verdict.message, request_id=request_id)
                 warnings.append(verdict.message)
+            else:
+                policy.allow("loop")
         for hook in policy.before_hooks(cap.name):
             refusal, notes = await policy.run_before(hook, cap, params, caller)
             if refusal is not None:
                 return refuse("hook", "blocked", refusal), None
-            policy.note("hook", "annotate" if notes else "allow", capability=cap.name,
-                        caller=caller, reason="; ".join(notes) or None, request_id=request_id)
-            warnings.extend(notes)
+            if notes:
+                policy.note("hook", "annotate", capability=cap.name, caller=caller,
+                            reason="; ".join(notes), request_id=request_id)
+                warnings.extend(notes)
+            else:
+                policy.allow("hook")
         result, running = await self._call(registry, policy, cap, params, caller, request_id,
                                            started)
         if not result.ok and cap.auto_fallback and cap.fallbacks_for(result.error_type or ""):

@@ -127,10 +127,14 @@ class Policy:
 
     # -- decisions ---------------------------------------------------------------------
 
+    def allow(self, kind: str) -> None:
+        """Count a plain allow (the common case: no log line)."""
+        self.decisions[kind, "allow"] += 1
+
     def note(self, kind: str, decision: str, *, capability: str, caller: Caller,
              reason: str | None = None, request_id: str | None = None) -> None:
         """Count a decision; log it unless it is a plain allow."""
-        self.decisions[(kind, decision)] += 1
+        self.decisions[kind, decision] += 1
         if decision != "allow":
             log.info("policy", kind=kind, decision=decision, capability=capability,
                      reason=reason, caller_uid=caller.uid, caller_pid=caller.pid,
@@ -170,10 +174,14 @@ class Policy:
             return value
 
     async def run_before(self, hook: NamedHook, cap: Capability, params: BaseModel,
-                     caller: Caller) -> tuple[str | None, list[str]]:
+                         caller: Caller) -> tuple[str | None, list[str]]:
         """Run a before-hook: (the refusal's reason or None, its annotations)."""
         try:
-            value = await self.run_hook(hook, cap, params, caller)
+            if hook.is_async:  # the common case, without run_hook's extra frame
+                async with deadline(self.hook_timeout_s):
+                    value = await hook.func(cap, params, caller)
+            else:
+                value = await self.run_hook(hook, cap, params, caller)
         except Blocked as exc:
             return exc.message, []
         except TimeoutError:
@@ -188,7 +196,11 @@ class Policy:
                     result: Any) -> None:
         """Run an after-hook; it observes, so its failure is logged and changes nothing."""
         try:
-            await self.run_hook(hook, cap, params, caller, result)
+            if hook.is_async:
+                async with deadline(self.hook_timeout_s):
+                    await hook.func(cap, params, caller, result)
+            else:
+                await self.run_hook(hook, cap, params, caller, result)
         except Exception as exc:  # an observer's failure never changes the answer
             log.warning("after_hook_failed", hook=hook.name, capability=cap.name,
                         error=f"{type(exc).__name__}: {exc}")
