@@ -63,6 +63,7 @@ from ._model import (
     HttpEffect,
     HttpProbe,
     LatencyClass,
+    McpProbe,
     OpEffect,
     PartialReplay,
     PathProbe,
@@ -89,6 +90,7 @@ from ._routes import ErrorRoute
 from ._schema import parameters_schema
 from ._search import Hit, SearchIndex, estimate_tokens, success_boost, tokenize
 from ._template import TemplateError, placeholders, render
+from ._upstream import Upstream, UpstreamError, UpstreamPool
 
 __all__ = [
     "Blocked",
@@ -112,6 +114,7 @@ __all__ = [
     "HttpEffect",
     "HttpProbe",
     "LatencyClass",
+    "McpProbe",
     "OpEffect",
     "OpSpec",
     "OpTable",
@@ -136,6 +139,9 @@ __all__ = [
     "TransientToolError",
     "UnixProbe",
     "UnknownCapability",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamPool",
     "after_call",
     "before_call",
     "build",

@@ -8,15 +8,19 @@ from collections.abc import Mapping
 from concurrent.futures import Executor
 from pathlib import Path
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._declarations import capability_from_spec, load_declarations
 from ._errors import DeclarationError
-from ._model import NAME_PATTERN, Capability, OpEffect, ToolSpec, is_valid_name
+from ._model import NAME_PATTERN, Capability, McpProbe, OpEffect, ToolSpec, is_valid_name
 from ._ops import entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
 from ._routes import offered_routes, resolve_routes
+from ._upstream import UpstreamPool, upstream_capabilities
+
+log = structlog.get_logger("capd.build")
 
 
 class BuildConfig(BaseModel):
@@ -35,7 +39,7 @@ class BuildConfig(BaseModel):
 
 async def build(
     config: BuildConfig, *, probe: Probe | None = None, fresh: bool = True,
-    executor: Executor | None = None,
+    executor: Executor | None = None, upstreams: UpstreamPool | None = None,
 ) -> Registry:
     """Build a fresh :class:`Registry` from ``config``.
 
@@ -77,6 +81,16 @@ async def build(
             ))
             continue
         tools[tool_id] = tool_spec
+
+    # Upstream MCP servers: their tools are capabilities. Without the daemon's pool
+    # (capd check) the sessions are opened for this build only.
+    own_pool = upstreams is None and any(isinstance(s, McpProbe) for s in tools.values())
+    pool = UpstreamPool() if own_pool else upstreams
+    try:
+        capabilities.extend(await _upstream_capabilities(tools, pool))
+    finally:
+        if own_pool and pool is not None:
+            await pool.close()
 
     accepted: dict[str, Capability] = {}
     not_on_host: dict[str, str] = {}
@@ -125,7 +139,7 @@ async def build(
 
     _settle_routes(accepted, names, claimed, errors)
 
-    probes = await probe_all(tools, probe=probe, executor=executor)
+    probes = await probe_all(tools, probe=probe, executor=executor, upstreams=upstreams)
     registry = Registry(accepted.values(), tools, probes, errors=errors, ops=ops, clock=time.time)
     registry.not_on_host = not_on_host
     return registry
@@ -190,3 +204,21 @@ def _settle_routes(
         routes = offered_routes(cap.on_error, accepted)
         if routes != cap.on_error:
             accepted[cap.name] = cap.model_copy(update={"on_error": routes})
+
+
+async def _upstream_capabilities(tools: Mapping[str, ToolSpec],
+                                 pool: UpstreamPool | None) -> list[Capability]:
+    """The capabilities of every MCP server, all handshakes at once. A server that does
+    not answer keeps the tools it listed last (disabled with it by its probe)."""
+    servers = {t: s for t, s in tools.items() if isinstance(s, McpProbe)}
+    if not servers or pool is None:
+        return []
+    listed = await asyncio.gather(*(pool.tools(t, s) for t, s in servers.items()))
+    out: list[Capability] = []
+    for (tool_id, spec), (found, error) in zip(servers.items(), listed, strict=True):
+        if error is not None:
+            log.warning("upstream_unreachable_at_build", tool=tool_id, error=error,
+                        known_tools=len(found))
+        out.extend(upstream_capabilities(tool_id, spec, found, pool.call,
+                                         source=f"mcp:{tool_id}"))
+    return out

@@ -130,8 +130,46 @@ class PythonProbe(_ProbeSpec):
     target: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
+class McpProbe(_ProbeSpec):
+    """The tool is an MCP server (stdio ``command`` or streamable-HTTP ``url``).
+
+    The probe is the MCP handshake (initialize + tools/list, then a ping while
+    the daemon holds the session); every tool the server lists becomes a
+    capability named ``<prefix>.<tool>`` (see ``_upstream.py``).
+    """
+
+    kind: Literal["mcp"] = "mcp"
+    command: tuple[str, ...] | None = None
+    url: str | None = Field(None, pattern=r"^https?://")
+    env: dict[str, str] = Field(default_factory=dict)
+    prefix: str | None = Field(None, pattern=r"^[a-z][a-z0-9_]*$",
+                               description="Capability names are <prefix>.<tool> (default: "
+                               "the tool id).")
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    call_timeout_s: float = Field(30.0, gt=0, le=3600)
+    retry_policy: RetryPolicy = Field(
+        "manual", description="For the upstream's mutating tools.")
+    direct: bool = Field(False, description="An agent's runtime reaches this server itself.")
+    tags: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpProbe:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an mcp tool needs exactly one of 'command' (stdio) or 'url' "
+                             "(streamable HTTP)")
+        if self.command is not None and not self.command:
+            raise ValueError("'command' must name a program")
+        return self
+
+    def template_fields(self) -> dict[str, str]:
+        fields = {"url": self.url} if self.url else {}
+        fields.update({f"command[{i}]": a for i, a in enumerate(self.command or ())})
+        return fields
+
+
 ToolSpec = Annotated[
-    CommandProbe | HttpProbe | TcpProbe | UnixProbe | PathProbe | PythonProbe,
+    CommandProbe | HttpProbe | TcpProbe | UnixProbe | PathProbe | PythonProbe | McpProbe,
     Field(discriminator="kind"),
 ]
 

@@ -26,6 +26,7 @@ import aiohttp
 from ._model import (
     CommandProbe,
     HttpProbe,
+    McpProbe,
     PathProbe,
     ProbeResult,
     PythonProbe,
@@ -33,6 +34,7 @@ from ._model import (
     ToolSpec,
     UnixProbe,
 )
+from ._upstream import Upstream, UpstreamError, UpstreamPool
 
 Clock = Callable[[], float]
 
@@ -158,12 +160,28 @@ async def _probe_python(spec: PythonProbe, executor: Executor | None) -> None:
         raise ProbeFailed(f"{spec.target} returned False")
 
 
+async def _probe_mcp(tool: str, spec: McpProbe, upstreams: UpstreamPool | None) -> None:
+    """The daemon's session (handshake or ping), or a one-off handshake without a pool."""
+    try:
+        if upstreams is not None:
+            await upstreams.get(tool, spec).probe()
+            return
+        once = Upstream(tool, spec, lambda _t: None)
+        try:
+            await once.ensure()
+        finally:
+            await once.close()
+    except UpstreamError as exc:
+        raise ProbeFailed(f"MCP server: {exc}") from exc
+
+
 async def run_probe(
     tool: str,
     spec: ToolSpec,
     *,
     session: aiohttp.ClientSession | None = None,
     executor: Executor | None = None,
+    upstreams: UpstreamPool | None = None,
     clock: Clock = time.time,
     monotonic: Clock = time.perf_counter,
 ) -> ProbeResult:
@@ -190,6 +208,8 @@ async def run_probe(
                     await _probe_path(spec)
                 case PythonProbe():
                     await _probe_python(spec, executor)
+                case McpProbe():
+                    await _probe_mcp(tool, spec, upstreams)
     except TimeoutError:
         error = f"timed out after {spec.timeout_s:g}s"
     except ProbeFailed as exc:
@@ -213,7 +233,7 @@ async def run_probe(
 
 async def probe_all(
     specs: Mapping[str, ToolSpec], *, probe: Probe | None = None,
-    executor: Executor | None = None,
+    executor: Executor | None = None, upstreams: UpstreamPool | None = None,
 ) -> dict[str, ProbeResult]:
     """Probe every tool in ``specs`` once, all at the same time.
 
@@ -228,7 +248,7 @@ async def probe_all(
         return {r.tool: r for r in results}
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
-            *(run_probe(tool, spec, session=session, executor=executor)
+            *(run_probe(tool, spec, session=session, executor=executor, upstreams=upstreams)
               for tool, spec in specs.items())
         )
     return {r.tool: r for r in results}

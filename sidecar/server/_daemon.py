@@ -22,13 +22,14 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import structlog
 
 from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
-from capd.registry import ConfigError, Registry, build
+from capd.registry import ConfigError, Registry, UpstreamPool, build, run_probe
 
 from .._paths import capd_version, default_socket_path
 from ._api import Api
@@ -97,8 +98,12 @@ class Daemon:
         # Plain probes, verifiers and hooks: apart from ops, so hung ops cannot starve probes.
         self.user_executor = ThreadPoolExecutor(max_workers=config.user_code_threads,
                                                 thread_name_prefix="capd-user")
-        self.rechecker = Rechecker(lambda: self.registry, cooldown_s=config.recheck_cooldown_s,
-                                   executor=self.user_executor)
+        # One client session per upstream MCP server, kept across reloads; a server's
+        # tools/list_changed reloads the registry so its new tools become capabilities.
+        self.upstreams = UpstreamPool(on_tools_changed=self._upstream_tools_changed)
+        self.rechecker = Rechecker(
+            lambda: self.registry, cooldown_s=config.recheck_cooldown_s,
+            probe=partial(run_probe, executor=self.user_executor, upstreams=self.upstreams))
         self.running_attempts = RunningAttempts()
         self.queue: RetryQueue | None = None  # opened by run(); the sink answers NOT queued before
         self.metrics = Metrics(self)
@@ -121,6 +126,10 @@ class Daemon:
         self._queue_stats: tuple[float, QueueStats] | None = None
         self.sweep: RetrySweep | None = None
         self.http: HttpServer | None = None
+
+    def _upstream_tools_changed(self, tool: str) -> None:
+        log.info("reload_for_upstream", tool=tool)
+        self.spawn(self.reloader.reload())
 
     @property
     def health_pending_age_s(self) -> float:
@@ -159,7 +168,8 @@ class Daemon:
 
     async def _rebuild(self) -> Registry:
         loaded = await asyncio.to_thread(load_config, self.loaded.path)
-        registry = await build(loaded.build_config(), executor=self.user_executor)
+        registry = await build(loaded.build_config(), executor=self.user_executor,
+                               upstreams=self.upstreams)
         # A hook name that no longer resolves fails the reload; the old policy stays.
         self._next_policy = self._make_policy(loaded, registry)
         self.loaded = loaded
@@ -284,6 +294,7 @@ class Daemon:
             try:
                 return await self._run_with_queue(self.queue)
             finally:
+                await self.upstreams.close()  # a stdio server's process ends with its session
                 await self.queue.close()
         finally:
             lock.release()
@@ -298,7 +309,8 @@ class Daemon:
                                 attempt_running_max_s=config.attempt_running_max_s)
 
         # Phase 2: build the registry (probes run concurrently).
-        registry = await build(self.loaded.build_config(), executor=self.user_executor)
+        registry = await build(self.loaded.build_config(), executor=self.user_executor,
+                               upstreams=self.upstreams)
         self.policy = self._make_policy(self.loaded, registry)
         self.registry = registry
         counts = self.registry.snapshot().counts

@@ -1,0 +1,371 @@
+"""Upstream MCP servers as tools: one client session per server, their tools as capabilities.
+
+A tool of kind ``mcp`` is an MCP server, reached over stdio (``command``) or
+streamable HTTP (``url``) with the official SDK client. The :class:`UpstreamPool`
+holds one session per server (a task owns it: the SDK's transports must be
+entered and left in one task), opens it with the handshake (initialize +
+tools/list within ``timeout_s``), pings it as its probe, reconnects on the next
+probe after it is lost (the back-off is the re-probe cooldown and interval), and
+calls tools under ``call_timeout_s``. A server's ``notifications/tools/list_changed``
+calls ``on_tools_changed`` (the daemon reloads, and the new list becomes the new
+capabilities).
+
+Every tool the server lists (through ``include``/``exclude`` globs) becomes a
+capability ``<prefix>.<tool>`` requiring the server's tool id: the upstream's
+input schema (validated with jsonschema), its description (the summary cut at a
+sentence boundary within the capsule budget, the full text in the manifest) and
+defaults from its annotations: ``readOnlyHint`` → not mutating; otherwise
+mutating (MCP's own default), with the tool's ``retry_policy`` (``manual``
+unless configured). A lost session makes a call raise :class:`ToolUnavailable`,
+so a mutating call is queued and the server marked down until a probe passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import re
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import jsonschema
+import mcp_types as types
+import structlog
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from ._model import Capability, McpProbe
+from ._outcomes import PermanentToolError, ToolUnavailable
+from ._search import estimate_tokens
+
+log = structlog.get_logger("capd.upstream")
+
+SUMMARY_TOKENS = 200
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+class UpstreamError(Exception):
+    """The server could not be reached or did not complete the handshake."""
+
+
+class Upstream:
+    """One MCP server and the session capd holds to it."""
+
+    def __init__(self, tool_id: str, spec: McpProbe,
+                 on_tools_changed: Callable[[str], object]) -> None:
+        self.tool_id = tool_id
+        self.spec = spec
+        self.tools: list[types.Tool] = []  # the last list the server gave
+        self._on_tools_changed = on_tools_changed
+        self._session: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def connected(self) -> bool:
+        """Whether a session is open."""
+        return self._session is not None and self._task is not None and not self._task.done()
+
+    async def ensure(self) -> list[types.Tool]:
+        """Open the session if it is not open (the handshake); return the server's tools."""
+        async with self._lock:
+            if self.connected:
+                return self.tools
+            await self._drop()
+            loop = asyncio.get_running_loop()
+            ready: asyncio.Future[list[types.Tool]] = loop.create_future()
+            self._stop = asyncio.Event()
+            self._task = loop.create_task(self._hold(ready, self._stop),
+                                          name=f"capd-upstream-{self.tool_id}")
+            try:
+                async with asyncio.timeout(self.spec.timeout_s):
+                    self.tools = await asyncio.shield(ready)
+            except TimeoutError:
+                await self._drop()
+                raise UpstreamError(
+                    f"no MCP handshake within {self.spec.timeout_s:g}s") from None
+            except BaseException:
+                await self._drop()
+                raise
+            return self.tools
+
+    async def probe(self) -> None:
+        """The probe: the handshake when there is no session, else a ping."""
+        if not self.connected:
+            await self.ensure()
+            return
+        try:
+            await self._session.send_ping()
+        except Exception as exc:
+            await self._drop()
+            raise UpstreamError(f"the session was lost ({type(exc).__name__}: {exc})") from exc
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """Call one of the server's tools; raise :class:`ToolUnavailable` when it is gone."""
+        session = self._session if self.connected else None
+        if session is None:
+            raise ToolUnavailable(f"MCP server {self.tool_id} is not connected; capd "
+                                  "reconnects at the next probe", tool=self.tool_id)
+        try:
+            result: types.CallToolResult = await session.call_tool(
+                name, arguments, read_timeout_seconds=self.spec.call_timeout_s)
+        except (OSError, EOFError) as exc:
+            await self._drop()
+            raise ToolUnavailable(f"MCP server {self.tool_id} went away "
+                                  f"({type(exc).__name__}: {exc})", tool=self.tool_id) from exc
+        except Exception as exc:
+            if not self.connected or _looks_closed(exc):
+                await self._drop()
+                raise ToolUnavailable(f"MCP server {self.tool_id} went away "
+                                      f"({type(exc).__name__}: {exc})",
+                                      tool=self.tool_id) from exc
+            raise
+        return result
+
+    async def close(self) -> None:
+        """Leave the session (a stdio server's process ends with it)."""
+        async with self._lock:
+            await self._drop()
+
+    async def _drop(self) -> None:
+        task, stop = self._task, self._stop
+        self._session = None
+        self._task = self._stop = None
+        if task is None:
+            return
+        if stop is not None:
+            stop.set()
+        try:
+            async with asyncio.timeout(5):
+                await asyncio.wait([task])
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _hold(self, ready: asyncio.Future[list[types.Tool]], stop: asyncio.Event) -> None:
+        """Open the transport and the session, publish them, and hold them until ``stop``."""
+        from mcp import ClientSession  # the SDK is imported only when an upstream is used
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
+        spec = self.spec
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if spec.command is not None:
+                    params = StdioServerParameters(command=spec.command[0],
+                                                   args=list(spec.command[1:]),
+                                                   env=dict(spec.env) or None)
+                    streams = await stack.enter_async_context(
+                        stdio_client(params, errlog=sys.stderr))
+                else:
+                    assert spec.url is not None
+                    streams = await stack.enter_async_context(streamable_http_client(spec.url))
+                read, write = streams[0], streams[1]
+                session = await stack.enter_async_context(
+                    ClientSession(read, write, message_handler=self._message))
+                await session.initialize()
+                tools = await _list_all(session)
+                self._session = session
+                if not ready.done():
+                    ready.set_result(tools)
+                log.info("upstream_connected", tool=self.tool_id, tools=len(tools))
+                await stop.wait()
+        except BaseException as exc:  # every failure is the handshake's (or the session's)
+            if not ready.done():
+                ready.set_exception(UpstreamError(f"{type(exc).__name__}: {exc}"))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("upstream_lost", tool=self.tool_id, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._session = None
+
+    async def _message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            log.info("upstream_tools_changed", tool=self.tool_id)
+            self._on_tools_changed(self.tool_id)
+
+
+def _looks_closed(exc: Exception) -> bool:
+    """anyio's errors for a stream whose other end is gone, or the SDK's "connection closed"."""
+    if type(exc).__name__ in ("ClosedResourceError", "BrokenResourceError", "EndOfStream"):
+        return True
+    error = getattr(exc, "error", None)
+    return getattr(error, "code", None) == types.CONNECTION_CLOSED
+
+
+async def _list_all(session: Any) -> list[types.Tool]:
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    while True:
+        page = await session.list_tools(
+            params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
+class UpstreamPool:
+    """The daemon's sessions to its MCP servers, by tool id (kept across reloads)."""
+
+    def __init__(self, on_tools_changed: Callable[[str], object] = lambda _t: None) -> None:
+        self._upstreams: dict[str, Upstream] = {}
+        self._on_tools_changed = on_tools_changed
+
+    def current(self, tool_id: str) -> Upstream | None:
+        """The upstream for ``tool_id`` as last configured."""
+        return self._upstreams.get(tool_id)
+
+    async def call(self, tool_id: str, name: str, arguments: dict[str, Any]
+                   ) -> types.CallToolResult:
+        """Call ``name`` on the server ``tool_id``."""
+        upstream = self._upstreams.get(tool_id)
+        if upstream is None:
+            raise ToolUnavailable(f"MCP server {tool_id} is not configured any more",
+                                  tool=tool_id)
+        return await upstream.call(name, arguments)
+
+    def get(self, tool_id: str, spec: McpProbe) -> Upstream:
+        """The upstream for ``tool_id``; a changed spec replaces the old one (closed later)."""
+        current = self._upstreams.get(tool_id)
+        if current is not None and current.spec == spec:
+            return current
+        upstream = Upstream(tool_id, spec, self._on_tools_changed)
+        self._upstreams[tool_id] = upstream
+        if current is not None:
+            asyncio.get_running_loop().create_task(current.close())
+        return upstream
+
+    async def tools(self, tool_id: str, spec: McpProbe) -> tuple[list[types.Tool], str | None]:
+        """The server's tools (a handshake if needed) and the error when it did not answer
+        (then the tools it listed last, if it ever did: they stay, disabled with it)."""
+        upstream = self.get(tool_id, spec)
+        try:
+            return await upstream.ensure(), None
+        except Exception as exc:
+            return list(upstream.tools), str(exc)
+
+    async def close(self) -> None:
+        """Close every session."""
+        await asyncio.gather(*(u.close() for u in self._upstreams.values()),
+                             return_exceptions=True)
+        self._upstreams.clear()
+
+
+# -- capabilities from an upstream's tools -------------------------------------------------
+
+
+def capability_name(prefix: str, tool_name: str) -> str:
+    """``<prefix>.<tool>``, the tool name folded to what a capability name allows."""
+    folded = re.sub(r"[^a-z0-9_]+", "_", tool_name.lower()).strip("_") or "tool"
+    if not folded[0].isalpha():
+        folded = "t_" + folded
+    return f"{prefix}.{folded}"
+
+
+def summarize(text: str, budget_tokens: int = SUMMARY_TOKENS) -> str:
+    """The longest run of whole sentences that fits the capsule budget (at least one
+    sentence, cut at a word if that alone is too long)."""
+    text = " ".join(text.split())
+    if estimate_tokens(text) <= budget_tokens:
+        return text
+    out = ""
+    for sentence in _SENTENCE_END.split(text):
+        candidate = f"{out} {sentence}".strip()
+        if estimate_tokens(candidate) > budget_tokens:
+            break
+        out = candidate
+    if out:
+        return out
+    words = text.split()
+    cut = ""
+    for word in words:
+        candidate = f"{cut} {word}".strip()
+        if estimate_tokens(candidate + " …") > budget_tokens:
+            break
+        cut = candidate
+    return cut + " …"
+
+
+def _parameters_for(tool: types.Tool) -> type[BaseModel]:
+    """A model whose JSON Schema is the upstream's and whose validation is jsonschema's."""
+    schema = dict(tool.input_schema or {"type": "object"})
+    schema.setdefault("type", "object")
+    validator_cls = jsonschema.validators.validator_for(schema)
+    validator = validator_cls(schema)
+
+    class UpstreamParams(BaseModel):
+        model_config = ConfigDict(extra="allow", frozen=True)
+
+        @model_validator(mode="before")
+        @classmethod
+        def _check(cls, data: Any) -> Any:
+            errors = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
+            if errors:
+                first = errors[0]
+                where = ".".join(str(p) for p in first.absolute_path) or "params"
+                more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+                raise ValueError(f"{where}: {first.message}{more}")
+            return data
+
+        @classmethod
+        def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return dict(schema)
+
+    UpstreamParams.__name__ = f"{tool.name}_params"
+    return UpstreamParams
+
+
+def _matches(name: str, globs: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.Tool],
+                          call: Callable[[str, str, dict[str, Any]],
+                                         Awaitable[types.CallToolResult]],
+                          source: str) -> list[Capability]:
+    """One capability per listed tool (through include/exclude)."""
+    prefix = spec.prefix or re.sub(r"[^a-z0-9_]", "_", tool_id.lower())
+    out: list[Capability] = []
+    for tool in tools:
+        if not _matches(tool.name, spec.include) or _matches(tool.name, spec.exclude):
+            continue
+        notes = tool.annotations
+        read_only = bool(notes and notes.read_only_hint)
+        description = (tool.description or tool.title or f"The {tool.name} tool of "
+                       f"{tool_id}.").strip()
+        out.append(Capability(
+            name=capability_name(prefix, tool.name),
+            summary=summarize(description),
+            description=description,
+            parameters=_parameters_for(tool),
+            func=_caller(tool_id, tool.name, call),
+            requires=(tool_id,),
+            mutates_state=not read_only,
+            retry_policy=spec.retry_policy if not read_only else "manual",
+            tags=(*spec.tags, "mcp", tool_id),
+            latency_class="outer" if spec.url else "inner",
+            timeout_s=spec.call_timeout_s,
+            op_id=f"mcp:{tool_id}:{tool.name}",
+            source=source,
+        ))
+    return out
+
+
+def _caller(tool_id: str, tool_name: str,
+            call: Callable[[str, str, dict[str, Any]], Awaitable[types.CallToolResult]]
+            ) -> Callable[..., Awaitable[Any]]:
+    async def invoke(params: BaseModel) -> Any:
+        result = await call(tool_id, tool_name, params.model_dump(mode="json"))
+        text = "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
+        if result.is_error:
+            raise PermanentToolError(text or f"{tool_id} {tool_name} answered an error")
+        if result.structured_content is not None:
+            return result.structured_content
+        return text
+
+    invoke.__name__ = f"mcp_{tool_name}"
+    return invoke

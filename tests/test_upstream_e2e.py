@@ -1,0 +1,153 @@
+"""Upstream MCP servers as tools, through the real daemon, with the real third-party
+servers `mcp-server-time` and `mcp-server-git` (installed by the test extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .daemon import DaemonProcess
+
+pytestmark = pytest.mark.slow  # starts the real daemon and real MCP servers as processes
+
+PY = sys.executable
+
+
+def write_config(folder: Path, extra: str = "") -> Path:
+    config = folder / "capd.toml"
+    config.write_text(textwrap.dedent(f"""
+        entry_points = false
+        state_dir = "state"
+        recheck_cooldown_s = 0
+        recheck_interval_s = 0.5
+        probe_live_interval_s = 1
+        retry_base_s = 0.2
+
+        [tools.time_mcp]
+        kind = "mcp"
+        command = ["{PY}", "-m", "mcp_server_time", "--local-timezone", "UTC"]
+        timeout_s = 30
+
+        [tools.git_mcp]
+        kind = "mcp"
+        command = ["{PY}", "-m", "mcp_server_git"]
+        timeout_s = 30
+        exclude = ["git_create_branch"]
+    """) + extra)
+    return config
+
+
+@pytest.fixture
+def repo(short_tmp: Path) -> Path:
+    path = short_tmp / "repo"
+    path.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    for argv in (["git", "init", "-q"], ["git", "commit", "-q", "--allow-empty", "-m", "one"]):
+        subprocess.run(argv, cwd=path, check=True, env=env, timeout=30)
+    (path / "new.txt").write_text("hello\n")
+    return path
+
+
+@pytest.fixture
+def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    started: list[DaemonProcess] = []
+
+    def start(extra: str = "") -> DaemonProcess:
+        config = write_config(short_tmp, extra)
+        daemon = DaemonProcess(config, short_tmp / "capd.sock").start().wait_ready()
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.kill()
+
+
+def server_pid(daemon: DaemonProcess, module: str) -> int:
+    """The pid of the MCP server process the daemon spawned for ``module``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            status = (proc / "status").read_text()
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(next(line.split()[1] for line in status.splitlines()
+                        if line.startswith("PPid:")))
+        if ppid == daemon.proc.pid and module.encode() in cmdline:
+            return int(proc.name)
+    raise AssertionError(f"no {module} process under the daemon")
+
+
+def caps(daemon: DaemonProcess) -> dict[str, dict[str, Any]]:
+    body = daemon.call("GET", "/capabilities").body
+    return {c["name"]: c for c in body["capabilities"]}
+
+
+def test_upstream_tools_are_capabilities_with_their_schemas_and_calls_round_trip(
+        up: Callable[..., DaemonProcess], repo: Path) -> None:
+    daemon = up()
+    found = caps(daemon)
+    assert {"time_mcp.get_current_time", "time_mcp.convert_time",
+            "git_mcp.git_status", "git_mcp.git_add"} <= set(found)
+    assert "git_mcp.git_create_branch" not in found  # excluded
+    manifest = daemon.call("GET", "/capabilities/time_mcp.get_current_time").body
+    assert manifest["parameters"]["required"] == ["timezone"]
+    assert manifest["mutates_state"] is False  # readOnlyHint
+    assert daemon.call("GET", "/capabilities/git_mcp.git_add").body["mutates_state"] is True
+    now = daemon.call("POST", "/call/time_mcp.get_current_time", {"timezone": "UTC"})
+    assert now.status == 200, now.body
+    assert now.body["result"]["timezone"] == "UTC"
+    status = daemon.call("POST", "/call/git_mcp.git_status", {"repo_path": str(repo)})
+    assert status.status == 200, status.body
+    assert "new.txt" in json.dumps(status.body["result"])
+    bad = daemon.call("POST", "/call/time_mcp.get_current_time", {})
+    assert bad.status == 422
+    assert "timezone" in bad.body["detail"]
+    found = daemon.call("GET", "/search?q=current+time+in+a+timezone").body["results"]
+    assert found[0]["name"] == "time_mcp.get_current_time"
+
+
+def test_a_killed_server_disables_its_capabilities_queues_writes_and_heals_by_itself(
+        up: Callable[..., DaemonProcess], repo: Path) -> None:
+    daemon = up()
+    os.kill(server_pid(daemon, "mcp_server_git"), signal.SIGKILL)
+    queued = daemon.call("POST", "/call/git_mcp.git_add",
+                         {"repo_path": str(repo), "files": ["new.txt"]})
+    assert queued.status == 202, queued.body
+    assert queued.body["queued"]
+    daemon.wait_until(lambda: caps(daemon)["git_mcp.git_status"]["state"] == "disabled"
+                      or daemon.call("POST", "/call/git_mcp.git_status",
+                                     {"repo_path": str(repo)}).status == 200, timeout=20)
+    # within a probe interval or two the server is back (a new process), without a reload
+    daemon.wait_until(lambda: caps(daemon)["git_mcp.git_status"]["state"] == "live",
+                      timeout=30)
+    again = daemon.call("POST", "/call/git_mcp.git_status", {"repo_path": str(repo)})
+    assert again.status == 200, again.body
+    assert daemon.call("GET", "/status").body["reload"]["count"] == 0
+    job = daemon.call("GET", f"/queue/{queued.body['queued']}").body
+    assert job["state"] == "needs_operator"  # a mutating upstream tool defaults to manual
+
+
+def test_a_server_that_never_answers_leaves_the_daemon_serving(
+        up: Callable[..., DaemonProcess]) -> None:
+    daemon = up(textwrap.dedent(f"""
+        [tools.mute_mcp]
+        kind = "mcp"
+        command = ["{PY}", "-c", "import time; time.sleep(60)"]
+        timeout_s = 1
+    """))
+    health = daemon.call("GET", "/health").body
+    assert health["status"] in ("pass", "warn")
+    assert "time_mcp.get_current_time" in caps(daemon)
