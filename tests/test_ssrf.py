@@ -88,3 +88,35 @@ async def test_the_refusal_names_the_parameter_and_the_fix() -> None:
     message = caught.value.message
     assert message.startswith("parameter 'url': localhost (it resolves to 127.0.0.1)")
     assert "[policy.ssrf] allow" in message
+
+
+class Nested(BaseModel):
+    target: Fetch
+
+
+class Many(BaseModel):
+    urls: list[AnyUrl]
+    mirror_urls: list[str] = []
+
+
+@pytest.mark.parametrize(("model", "params"), [
+    (Many, {"urls": ["https://example.com/", "http://169.254.169.254/latest/"]}),
+    (Many, {"urls": ["https://example.com/"], "mirror_urls": ["http://localhost/"]}),
+    (Nested, {"target": {"url": "http://169.254.169.254/"}}),
+])
+async def test_urls_in_lists_and_nested_models_are_checked(model: type[BaseModel],
+                                                          params: dict[str, object]) -> None:
+    guard = SsrfGuard(resolve=resolve)
+    with pytest.raises(Blocked):
+        await guard(capability(model), model.model_validate(params), Caller())
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1\\@8.8.8.8/",         # parsers disagree on the host: refused outright
+    "http://[2002:7f00:1::]/",             # 6to4 carrying 127.0.0.1
+    "http://[2002:a9fe:a9fe::]/",          # 6to4 carrying 169.254.169.254
+])
+async def test_parser_tricks_and_embedded_ipv4_are_refused(url: str) -> None:
+    guard = SsrfGuard(resolve=resolve)
+    with pytest.raises(Blocked):
+        await guard(capability(Fetch), Fetch(url=url), Caller())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import struct
 from dataclasses import dataclass
@@ -42,6 +43,20 @@ from ._peers import PeerPolicy, RateLimiter
 from ._services import Caller, Context, Reply, Services
 
 log = structlog.get_logger("capd.api")
+
+_SESSION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def with_session(caller: Caller, session: str) -> Caller:
+    """``caller`` in agent session ``session`` (the ``Capd-Session`` header).
+
+    A session belongs to its uid: another uid sending the same name gets a session of
+    its own (its loop counts, its grants), so the session is ``<uid>:<name>``.
+    """
+    if not _SESSION.match(session):
+        raise BadRequest("Capd-Session must be 1-64 letters, digits, '.', '_' or '-'")
+    qualified = f"{caller.uid}:{session}" if caller.uid is not None else session
+    return Caller(caller.pid, caller.uid, caller.gid, qualified)
 
 PROBLEM_JSON = "application/problem+json"
 _CRED = struct.Struct("3i")
@@ -188,10 +203,13 @@ class Api:
     """The socket API: one handler for every request, routed by the operator table."""
 
     def __init__(self, services: Services, *, max_body_bytes: int,
-                 peers: PeerPolicy | None = None, limiter: RateLimiter | None = None) -> None:
+                 peers: PeerPolicy | None = None, limiter: RateLimiter | None = None,
+                 operators: PeerPolicy | None = None) -> None:
         self._services = services
         self.max_body_bytes = max_body_bytes
         self._peers = peers or PeerPolicy()
+        # root, the daemon's uid and operator_uids: who may use the operator-only rows
+        self._operators = operators or PeerPolicy()
         self._limiter = limiter or RateLimiter(0, 1)
         self._ids = RequestIds()
         self.router = Router(COMMANDS)
@@ -232,6 +250,14 @@ class Api:
                         path=request.path)
             return problem(403, "Forbidden", "this uid may not use the capd socket; ask the "
                            "operator to add it to allow_uids or allow_gids")
+        if row.operator_only is not None and (
+                caller.uid is not None and (not self._operators.allows(caller)
+                                            or self._services.policy.bound(caller))):
+            log.warning("operator_only_denied", uid=caller.uid, pid=caller.pid,
+                        command=row.id)
+            return problem(403, "Forbidden", (
+                f"{' '.join(row.cli)} is for operators only ({row.operator_only}); run it as "
+                "root or the daemon's user, or add the uid to operator_uids in capd.toml"))
         if row.id == "call":
             wait_s = self._limiter.take(caller)
             if wait_s is not None:
@@ -249,7 +275,7 @@ class Api:
                      if request.query_string else {})
             session = headers.get("capd-session")
             if session:
-                caller = Caller(caller.pid, caller.uid, caller.gid, session[:128])
+                caller = with_session(caller, session)
             ctx = Context(services=self._services, path=path_params, query=query, body=body,
                           caller=caller, request_id=request_id,
                           idempotency_key=headers.get("idempotency-key"))

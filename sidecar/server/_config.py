@@ -155,6 +155,9 @@ class CapdConfig(BaseSettings):
     health_pending_age_s: float = Field(600.0, gt=0)
     allow_uids: list[int] = Field(default_factory=list, description="Peers besides our uid.")
     allow_gids: list[int] = Field(default_factory=list, description="Peer groups allowed.")
+    operator_uids: list[int] = Field(
+        default_factory=list, description="Uids besides root and the daemon's own that may use "
+        "the operator-only commands (consent, sessions).")
     call_rate_per_s: float = Field(5000.0, ge=0, description="Per-peer /call rate; 0 = off.")
     call_burst: int = Field(10000, ge=1)
     request_timeout_s: float = Field(

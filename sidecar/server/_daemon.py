@@ -335,6 +335,7 @@ class Daemon:
             self, max_body_bytes=config.max_body_bytes,
             peers=PeerPolicy(config.allow_uids, config.allow_gids),
             limiter=RateLimiter(config.call_rate_per_s, config.call_burst),
+            operators=PeerPolicy(config.operator_uids),
         )
         # Keep descriptors in reserve for the queue, probes and subprocesses: when the
         # limit cannot be raised far enough, fewer connections are admitted instead.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shlex
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capd.recovery import Rechecker, apply_passive_health, call_capability
-from capd.registry import Capability, Registry
+from capd.registry import Capability, Registry, UnknownCapability
 
 from .._errors import Draining, InvalidParams
 from .._logging import log_call
@@ -185,7 +186,14 @@ class Gateway:
         caller = caller or Caller()
         registry = self._registry()  # this call finishes on the snapshot it started with
         policy = self._policy()  # ... and on the policy it started with
-        cap = registry.get(name)
+        try:
+            cap = registry.get(name)
+        except UnknownCapability as exc:
+            if policy.bindings and policy.bound(caller):  # never suggest what is hidden
+                raise UnknownCapability(name, [
+                    s for s in exc.suggestions if policy.visible(caller, registry.get(s))
+                ]) from exc
+            raise
         model = self._validate(cap, params)
         self.in_flight += 1
         self._idle.clear()
@@ -210,6 +218,11 @@ class Gateway:
             result = await self._failure_sink.accept(cap, model, result,
                                                     idempotency_key=idempotency_key,
                                                     running=running)
+        if policy.active:
+            # Observers see every outcome (refusals and queued writes included), each its
+            # own deep copy: whatever a hook does to it, the caller's answer is unchanged.
+            for hook in policy.after_hooks(cap.name):
+                await policy.run_after(hook, cap, model, caller, result.model_copy(deep=True))
         self.stats.record(result)
         self._observe(cap.name, result.duration_s)
         log_call({
@@ -245,6 +258,7 @@ class Gateway:
     async def _guarded(
         self, registry: Registry, policy: Policy, cap: Capability, params: BaseModel,
         raw: Mapping[str, Any], caller: Caller, request_id: str, started: float,
+        *, fallback: bool = False,
     ) -> tuple[ToolResult, Future[Any] | None]:
         """The call inside the policy pipeline (profile, consent, loops ... after-hooks).
 
@@ -265,7 +279,7 @@ class Gateway:
         if cap.consent_operations and policy.consent is not None:
             missing = policy.consent.missing(cap.consent_operations, caller.session)
             if missing:
-                where = f" --session {caller.session}" if caller.session else ""
+                where = f" --session {shlex.quote(caller.session)}" if caller.session else ""
                 return refuse("consent", "consent_required", (
                     f"{cap.name} needs consent for {', '.join(missing)}; no live grant covers "
                     f"it. Ask the user; an operator grants it with: capd consent grant "
@@ -296,12 +310,15 @@ class Gateway:
                 policy.allow("hook")
         result, running = await self._call(registry, policy, cap, params, caller, request_id,
                                            started)
-        if not result.ok and cap.auto_fallback and cap.fallbacks_for(result.error_type or ""):
+        # A fallback never falls back in its turn: a chain is one level deep, so no cycle
+        # of declarations can make a call recurse.
+        if (not fallback and not result.ok and cap.auto_fallback
+                and cap.fallbacks_for(result.error_type or "")):
             result = await self._fall_back(registry, policy, cap, params, caller, request_id,
                                            result)
-        for hook in policy.after_hooks(cap.name):
-            await policy.run_after(hook, cap, params, caller, result)
-        if checked:
+        # "No progress" is a read answering the same again: a write acknowledging each
+        # time with the same constant (or nothing) is not a loop.
+        if checked and not cap.mutates_state and result.result not in (None, "", [], {}):
             verdict = loops.after(caller.session, cap.name,
                                   [result.status, result.error_type, result.result])
             if verdict.message:
@@ -331,7 +348,7 @@ class Gateway:
                 continue
             tried.append(other.name)
             answer, _ = await self._guarded(registry, policy, other, model, raw, caller,
-                                            request_id, self._clock())
+                                            request_id, self._clock(), fallback=True)
             if answer.ok:
                 policy.note("fallback", "answered", capability=cap.name, caller=caller,
                             reason=f"{other.name} answered after {failed.error_type}",
@@ -348,11 +365,15 @@ class Gateway:
         return failed
 
     def _finish(self, registry: Registry, cap: Capability, request_id: str, started: float,
-                status: ToolResultStatus, **fields: Any) -> ToolResult:
+                status: ToolResultStatus, *, visible: Callable[[str], bool] | None = None,
+                **fields: Any) -> ToolResult:
         if status in ("success", "partial"):
             fields.setdefault("alternatives", [])
         elif "alternatives" not in fields:
             live, why = self._alternatives(registry, cap, fields.get("error_type"))
+            if visible is not None:  # a caller bound to a profile hears of nothing outside it
+                live = [n for n in live if visible(n)]
+                why = {n: w for n, w in why.items() if visible(n)}
             fields["alternatives"] = live
             if why:
                 fields["unavailable_alternatives"] = why
@@ -382,8 +403,14 @@ class Gateway:
         started: float,
     ) -> tuple[ToolResult, Future[Any] | None]:
         """The call's result, and its thread when that still runs after the call gave up."""
+        visible = None
+        if policy.bindings and policy.bound(caller):
+            def visible(name: str) -> bool:
+                return policy.visible(caller, registry.get(name))
+
         def finish(status: ToolResultStatus, **fields: Any) -> ToolResult:
-            return self._finish(registry, cap, request_id, started, status, **fields)
+            return self._finish(registry, cap, request_id, started, status, visible=visible,
+                                **fields)
 
         if registry.disabled_entry(cap.name) is not None:
             recheck = await self._rechecker.recheck_disabled_capability(cap.name)

@@ -172,6 +172,11 @@ async def list_caps(ctx: Context) -> Reply:
     items = [capsule(c, live=True) for c in snap.live.values() if seen(c)]
     items += [capsule(e.capability, live=False) for e in snap.disabled.values()
               if seen(e.capability)]
+    counts = {"live": sum(i["state"] == "live" for i in items),
+              "disabled": sum(i["state"] == "disabled" for i in items),
+              "errors": snap.counts["errors"]}
+    if ctx.services.policy.bound(ctx.caller):  # what is hidden is not counted either
+        counts["errors"] = 0
     items = [i for i in items if (state is None or i["state"] == state)
              and (tag is None or tag in i["tags"])]
     items.sort(key=lambda i: i["name"])
@@ -179,7 +184,7 @@ async def list_caps(ctx: Context) -> Reply:
     limit = _int(ctx, "limit", 1000)
     page = items[offset:offset + limit]
     more = offset + limit < len(items)
-    return Reply(200, {"capabilities": page, "counts": snap.counts,
+    return Reply(200, {"capabilities": page, "counts": counts,
                        "next_cursor": str(offset + limit) if more else None})
 
 
@@ -496,12 +501,13 @@ async def preflight(ctx: Context) -> Reply:
         try:
             cap = registry.get(name)
         except UnknownCapability as exc:
+            seen = [s for s in exc.suggestions if policy.visible(ctx.caller, registry.get(s))]
             refused.append({"index": index, "capability": name, "reason": "unknown",
-                            "detail": str(exc)})
+                            "detail": str(UnknownCapability(name, seen))})
             continue
-        if not policy.visible(ctx.caller, cap):
-            refused.append({"index": index, "capability": name, "reason": "outside_profile",
-                            "detail": f"{cap.name} is outside this caller's profile"})
+        if not policy.visible(ctx.caller, cap):  # hidden: as if it did not exist
+            refused.append({"index": index, "capability": name, "reason": "unknown",
+                            "detail": str(UnknownCapability(name, []))})
             continue
         problems = _params_problems(cap, params)
         if problems:

@@ -34,6 +34,7 @@ from capd.registry import Blocked, Capability
 
 from ._consent import ConsentStore
 from ._loops import LoopDetector, LoopPolicy
+from ._peers import supplementary_groups
 from ._services import Caller
 
 log = structlog.get_logger("capd.policy")
@@ -82,9 +83,15 @@ class PeerBinding:
     gid: int | None = None
 
     def matches(self, caller: Caller) -> bool:
-        """Whether ``caller`` is one this binding names."""
-        return ((self.uid is not None and caller.uid == self.uid)
-                or (self.gid is not None and caller.gid == self.gid))
+        """Whether ``caller`` is one this binding names (a gid: primary or supplementary,
+        the same groups the peer allowlist lets in by)."""
+        if self.uid is not None and caller.uid == self.uid:
+            return True
+        if self.gid is None:
+            return False
+        if caller.gid == self.gid:
+            return True
+        return caller.pid is not None and self.gid in supplementary_groups(caller.pid)
 
 
 @dataclass
@@ -119,6 +126,10 @@ class Policy:
             if binding.matches(caller):
                 return self.profiles[binding.profile]
         return None
+
+    def bound(self, caller: Caller) -> bool:
+        """Whether ``caller`` is bound to a profile (then never an operator)."""
+        return bool(self.bindings) and self.profile_for(caller) is not None
 
     def visible(self, caller: Caller, cap: Capability) -> bool:
         """Whether ``caller`` may see and call ``cap``."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Iterable
@@ -53,20 +54,51 @@ async def _system_resolve(host: str) -> list[str]:
 
 
 def url_parameters(cap: Capability, params: BaseModel) -> list[tuple[str, str]]:
-    """The (name, URL) pairs of ``params`` that are URL-typed."""
-    schema = cap.parameters.model_json_schema()
-    props = schema.get("properties", {})
-    out = []
-    for name, value in params:
+    """The (where, URL) pairs of ``params`` that are URL-typed, at any depth.
+
+    A URL is a pydantic URL value (``AnyUrl``, ``HttpUrl``... wherever it sits: a
+    list, a nested model, a dict), a string field the schema marks ``format: uri``,
+    or a string under a key named ``url``/``*_url`` (or in a list named
+    ``urls``/``*_urls``) at any depth.
+    """
+    formats = _uri_fields(cap.parameters)
+    out: list[tuple[str, str]] = []
+
+    def walk(where: str, key: str, value: Any) -> None:
         if value is None:
-            continue
-        spec = props.get(name, {})
-        formats = {spec.get("format")} | {s.get("format") for s in spec.get("anyOf", ())}
-        typed = isinstance(value, AnyUrl) or "uri" in formats
-        named = isinstance(value, str) and (name == "url" or name.endswith("_url"))
-        if typed or named:
-            out.append((name, str(value)))
+            return
+        if isinstance(value, AnyUrl):
+            out.append((where, str(value)))
+        elif isinstance(value, str):
+            if key in formats or key == "url" or key.endswith("_url"):
+                out.append((where, value))
+        elif isinstance(value, BaseModel):
+            for name, item in value:
+                walk(f"{where}.{name}" if where else name, name, item)
+            for name, item in (value.model_extra or {}).items():
+                walk(f"{where}.{name}" if where else name, name, item)
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                walk(f"{where}.{name}", str(name), item)
+        elif isinstance(value, list | tuple | set | frozenset):
+            plural = key == "urls" or key.endswith("_urls")
+            for i, item in enumerate(value):
+                walk(f"{where}[{i}]", "url" if plural else key, item)
+
+    walk("", "", params)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _uri_fields(model: type[BaseModel]) -> frozenset[str]:
+    """Top-level fields the model's schema marks ``format: uri`` (cached per model)."""
+    props = model.model_json_schema().get("properties", {})
+    names = set()
+    for name, spec in props.items():
+        formats = {spec.get("format")} | {s.get("format") for s in spec.get("anyOf", ())}
+        if "uri" in formats:
+            names.add(name)
+    return frozenset(names)
 
 
 class SsrfGuard:
@@ -97,6 +129,11 @@ class SsrfGuard:
 
     async def check(self, name: str, url: str) -> None:
         """Raise :class:`Blocked` if ``url`` may reach an inside address."""
+        authority = url.split("://", 1)[-1].split("/", 1)[0]
+        if "\\" in authority or any(ord(c) < 0x21 or ord(c) == 0x7F for c in authority):
+            raise Blocked(f"parameter {name!r}: {url!r} has a backslash or a control character "
+                          "in its host part, which URL parsers read differently; the SSRF guard "
+                          "refuses it")
         try:
             host = urlsplit(url).hostname
         except ValueError as exc:
@@ -117,8 +154,12 @@ class SsrfGuard:
             raise Blocked(f"parameter {name!r}: the host {host!r} resolves to nothing")
         for text in addresses:
             address = ipaddress.ip_address(text.split("%", 1)[0])
-            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-                address = address.ipv4_mapped
+            if isinstance(address, ipaddress.IPv6Address):
+                # an IPv4 address carried inside an IPv6 one is judged as itself
+                embedded = address.ipv4_mapped or address.sixtofour or (
+                    address.teredo[1] if address.teredo else None)
+                if embedded is not None:
+                    address = embedded
             if self._address_allowed(address):
                 continue
             for kind, test in _KINDS:
