@@ -16,6 +16,7 @@ or overruns blocks the call (fail closed) and says so.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import os
 import shlex
@@ -74,6 +75,22 @@ class ToolResult(BaseModel):
     def ok(self) -> bool:
         """Whether the call did its work, fully or in part."""
         return self.status in ("success", "partial")
+
+
+def _observer_copy(result: ToolResult) -> ToolResult:
+    """A copy of ``result`` an after-hook may do anything to: every mutable part is its
+    own (a deep copy only where the op's value is itself mutable)."""
+    clone = copy.copy(result)  # a new __dict__, the same values
+    fields = clone.__dict__
+    value = fields["result"]
+    if isinstance(value, dict | list):
+        fields["result"] = copy.deepcopy(value)
+    fields["alternatives"] = list(fields["alternatives"])
+    fields["warnings"] = list(fields["warnings"])
+    fields["unavailable_alternatives"] = dict(fields["unavailable_alternatives"])
+    if fields["missing_consent"] is not None:
+        fields["missing_consent"] = list(fields["missing_consent"])
+    return clone
 
 
 BeforeHook = Callable[[Capability, BaseModel, Caller], Awaitable[None] | None]
@@ -222,7 +239,7 @@ class Gateway:
             # Observers see every outcome (refusals and queued writes included), each its
             # own deep copy: whatever a hook does to it, the caller's answer is unchanged.
             for hook in policy.after_hooks(cap.name):
-                await policy.run_after(hook, cap, model, caller, result.model_copy(deep=True))
+                await policy.run_after(hook, cap, model, caller, _observer_copy(result))
         self.stats.record(result)
         self._observe(cap.name, result.duration_s)
         log_call({
