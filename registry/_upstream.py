@@ -62,6 +62,7 @@ class Upstream:
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._lock = asyncio.Lock()
+        self._stale = False  # the server said its list changed: list again before use
 
     @property
     def connected(self) -> bool:
@@ -72,6 +73,9 @@ class Upstream:
         """Open the session if it is not open (the handshake); return the server's tools."""
         async with self._lock:
             if self.connected:
+                if self._stale:
+                    self._stale = False
+                    self.tools = await _list_all(self._session)
                 return self.tools
             await self._drop()
             loop = asyncio.get_running_loop()
@@ -185,6 +189,7 @@ class Upstream:
     async def _message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             log.info("upstream_tools_changed", tool=self.tool_id)
+            self._stale = True
             self._on_tools_changed(self.tool_id)
 
 

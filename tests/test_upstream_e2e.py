@@ -151,3 +151,62 @@ def test_a_server_that_never_answers_leaves_the_daemon_serving(
     health = daemon.call("GET", "/health").body
     assert health["status"] in ("pass", "warn")
     assert "time_mcp.get_current_time" in caps(daemon)
+
+
+GROWER = '''
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("grower")
+
+
+@server.tool()
+def ping(text: str) -> str:
+    """Answer the text back."""
+    return text
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Add a tool named extra and announce the new list."""
+    def extra(n: int) -> int:
+        """Double a number."""
+        return 2 * n
+    server.add_tool(extra, name="extra")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+server.run("stdio")
+'''
+
+
+def test_tools_list_changed_is_followed_and_upstreams_answer_through_capd_mcp(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """A server that adds a tool and says so: its new tool becomes a capability, callable
+    over the socket and through the MCP bridge."""
+    import asyncio
+
+    from .test_mcp import bridge, data
+
+    (short_tmp / "grower.py").write_text(GROWER)
+    daemon = up(textwrap.dedent(f"""
+        [tools.grow_mcp]
+        kind = "mcp"
+        command = ["{PY}", "{short_tmp / 'grower.py'}"]
+        timeout_s = 30
+    """))
+    assert "grow_mcp.extra" not in caps(daemon)
+    assert daemon.call("POST", "/call/grow_mcp.grow", {}).status == 200
+    daemon.wait_event("reload_for_upstream")
+    daemon.wait_until(lambda: "grow_mcp.extra" in caps(daemon), timeout=20)
+    doubled = daemon.call("POST", "/call/grow_mcp.extra", {"n": 21})
+    assert (doubled.status, doubled.body["result"]) == (200, {"result": 42})
+
+    async def through_bridge() -> Any:
+        async with bridge(daemon.socket) as session:
+            answer = await session.call_tool("invoke_capability", {
+                "id": "time_mcp.get_current_time", "arguments": {"timezone": "UTC"}})
+            return data(answer)
+
+    answer = asyncio.run(through_bridge())
+    assert (answer["status"], answer["result"]["timezone"]) == ("success", "UTC")
