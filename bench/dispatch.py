@@ -256,6 +256,63 @@ def health_during_reloads(sock: str, flag: Path, seconds: float) -> dict[str, fl
             "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3, "reloads": reloads}
 
 
+UPSTREAM = textwrap.dedent('''
+    [tools.time_mcp]
+    kind = "mcp"
+    command = ["{python}", "-m", "mcp_server_time", "--local-timezone", "UTC"]
+    timeout_s = 30
+''')
+
+
+def upstream_rows(sock: str, calls: int, rounds: int) -> tuple[list[float], list[float]]:
+    """p50 of a sequential `get_current_time` call, in interleaved rounds: through capd
+    (POST /call over the socket, the daemon's session to mcp-server-time) and straight to
+    the same server with the official SDK client over stdio."""
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    from capd.sidecar.client._client import request
+
+    def through_capd() -> float:
+        lat = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            answer = request(Path(sock), "POST", "/call/time_mcp.get_current_time",
+                             body={"timezone": "UTC"})
+            lat.append(time.perf_counter() - started)
+            if answer.status != 200:
+                raise SystemExit(f"upstream call failed: {answer.body}")
+        lat.sort()
+        return lat[len(lat) // 2] * 1e3
+
+    async def direct(session: ClientSession) -> float:
+        lat = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            result = await session.call_tool("get_current_time", {"timezone": "UTC"})
+            lat.append(time.perf_counter() - started)
+            if result.is_error:
+                raise SystemExit(f"direct call failed: {result}")
+        lat.sort()
+        return lat[len(lat) // 2] * 1e3
+
+    async def run() -> tuple[list[float], list[float]]:
+        params = StdioServerParameters(command=sys.executable, args=[
+            "-m", "mcp_server_time", "--local-timezone", "UTC"])
+        capd_p50: list[float] = []
+        sdk_p50: list[float] = []
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            await direct(s)  # warm-up
+            await asyncio.to_thread(through_capd)
+            for _ in range(rounds):
+                sdk_p50.append(await direct(s))
+                capd_p50.append(await asyncio.to_thread(through_capd))
+        return capd_p50, sdk_p50
+
+    return uvloop.run(run())
+
+
 def start_capd(folder: Path, config: str, caps: str, env: dict[str, str]
                ) -> tuple[subprocess.Popen[bytes], str, Path]:
     folder.mkdir()
@@ -284,7 +341,8 @@ def main() -> None:
     (tmp / "bare.py").write_text(BARE_SERVER)
     flag = tmp / "slow"
     env = {**os.environ, "BENCH_SLOW_FLAG": str(flag)}
-    capd, capd_sock, capd_log = start_capd(tmp / "plain", NO_POLICY, CAPS, env)
+    upstream = UPSTREAM.format(python=sys.executable)
+    capd, capd_sock, capd_log = start_capd(tmp / "plain", NO_POLICY + upstream, CAPS, env)
     guarded_caps = CAPS + 'consent_operations = ["bench.run"]\n'
     policy, policy_sock, policy_log = start_capd(tmp / "policy", POLICY, guarded_caps, env)
     bare_sock = str(tmp / "bare.sock")
@@ -330,6 +388,14 @@ def main() -> None:
             print(f"{clients:>2} client(s): capd / bare aiohttp {plain_rps / bare_rps:.2f}; "
                   f"full policy / no policy {policy_rps / plain_rps:.2f} "
                   f"(the pipeline costs {100 * (1 - policy_rps / plain_rps):.0f} % of calls/s)")
+        capd_p50, sdk_p50 = upstream_rows(capd_sock, 200, args.rounds)
+        capd_mid, sdk_mid = sorted(capd_p50)[len(capd_p50) // 2], sorted(sdk_p50)[
+            len(sdk_p50) // 2]
+        print(f"upstream MCP tool (mcp-server-time get_current_time), 200 sequential calls "
+              f"x {args.rounds} rounds: through capd p50 {capd_mid:.2f} ms "
+              f"({min(capd_p50):.2f}-{max(capd_p50):.2f}); SDK client straight to the server "
+              f"p50 {sdk_mid:.2f} ms ({min(sdk_p50):.2f}-{max(sdk_p50):.2f}); capd adds "
+              f"{capd_mid - sdk_mid:.2f} ms")
         health = health_during_reloads(capd_sock, flag, args.seconds)
         print(f"/health during back-to-back reloads with 2 s probes: n={health['n']} "
               f"p50 {health['p50_ms']:.2f} ms  p99 {health['p99_ms']:.2f} ms "
