@@ -217,7 +217,7 @@ class Gateway:
         started = self._clock()
         running: Future[Any] | None = None
         try:
-            if policy.active:
+            if policy.applies(cap):
                 result, running = await self._guarded(registry, policy, cap, model, params,
                                                       caller, request_id, started)
             else:
@@ -235,7 +235,7 @@ class Gateway:
             result = await self._failure_sink.accept(cap, model, result,
                                                     idempotency_key=idempotency_key,
                                                     running=running)
-        if policy.active:
+        if policy.after:
             # Observers see every outcome (refusals and queued writes included), each its
             # own deep copy: whatever a hook does to it, the caller's answer is unchanged.
             for hook in policy.after_hooks(cap.name):

@@ -114,9 +114,13 @@ class Policy:
 
     @property
     def active(self) -> bool:
-        """Whether any step can say anything (a call with no policy skips the pipeline)."""
-        return bool(self.bindings or self.consent is not None or self.loops.policy.enabled
-                    or self.before or self.after)
+        """Whether a step applies to every call (a call with no policy skips the pipeline;
+        consent applies only to capabilities that declare operations, see ``applies``)."""
+        return bool(self.bindings or self.loops.policy.enabled or self.before or self.after)
+
+    def applies(self, cap: Capability) -> bool:
+        """Whether the pipeline has anything to do for a call to ``cap``."""
+        return self.active or bool(cap.consent_operations and self.consent is not None)
 
     # -- profiles ----------------------------------------------------------------------
 
