@@ -19,7 +19,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -298,6 +297,9 @@ class HostRequirements(BaseModel):
 
 
 
+_HOT = "capd_hot_path"  # (func is async, parameter names or None): see model_post_init
+
+
 class Capability(BaseModel):
     """One callable unit an agent may invoke.
 
@@ -410,27 +412,40 @@ class Capability(BaseModel):
                     )
         return self
 
-    _is_async: bool = PrivateAttr(default=False)
-    _param_names: frozenset[str] | None = PrivateAttr(default=None)
-
     def model_post_init(self, context: Any, /) -> None:
-        """Decide once what the hot path asks: is ``func`` async, which parameter names exist."""
-        self._is_async = inspect.iscoroutinefunction(self.func)
+        """Decide once what the hot path asks: is ``func`` async, which parameter names exist.
+
+        Kept in the instance ``__dict__`` under names that are not fields (pydantic's
+        private attributes cost about 2 µs a read through its ``__getattr__``; these are
+        read on every call). Serialisation, equality and hashing look at fields only.
+        """
+        names: frozenset[str] | None = None
         # A model that says nothing about extra keys refuses them (an agent's typo must
         # not be dropped silently); one that sets ``extra`` itself has opted in.
         if self.parameters.model_config.get("extra") is None:
-            names = set()
+            known = set()
             for field_name, info in self.parameters.model_fields.items():
-                names.add(field_name)
+                known.add(field_name)
                 if isinstance(info.validation_alias, str):
-                    names.add(info.validation_alias)
+                    known.add(info.validation_alias)
                 if info.alias:
-                    names.add(info.alias)
-            self._param_names = frozenset(names)
+                    known.add(info.alias)
+            names = frozenset(known)
+        self.__dict__[_HOT] = (inspect.iscoroutinefunction(self.func), names)
+
+    @property
+    def _is_async(self) -> bool:
+        value: bool = self.__dict__[_HOT][0]
+        return value
+
+    @property
+    def _param_names(self) -> frozenset[str] | None:
+        value: frozenset[str] | None = self.__dict__[_HOT][1]
+        return value
 
     def unknown_params(self, params: Mapping[str, Any]) -> list[str]:
         """The keys of ``params`` the parameter model does not know (none if it allows extras)."""
-        names = self._param_names
+        names = self.__dict__[_HOT][1]
         if names is None or params.keys() <= names:
             return []
         return sorted(k for k in params if k not in names)
@@ -466,7 +481,7 @@ class Capability(BaseModel):
         the thread's future as soon as it is submitted, so that the caller can
         tell, after giving up on it, whether it is still running.
         """
-        if self._is_async:
+        if self.__dict__[_HOT][0]:
             return await self.func(params, **self.options)
         call = partial(self.func, params, **self.options)
         if executor is None:
