@@ -1,15 +1,22 @@
 """Search quality and speed.
 
-Quality: recall@5 and MRR of capd's BM25 search on the fixture catalogue
-(tests/fixtures, 169 capabilities; 78 labelled queries, and 60 held-out
-queries written before the thesaurus was run against them, and 50 blind queries
-written after it was frozen), beside a naive
-substring scorer (the baseline). Speed: search latency p50/p99 over 1,000 and
-10,000 capabilities (the catalogue repeated with renamed copies). Context
-economy: the token size (1 token per 4 characters) of what `tools/list`
-returns in meta mode (4 tools) against direct mode (one tool per capability).
+Quality: recall@1, recall@5 and MRR (over the first 5) of BM25 alone, the
+embedding alone, and the hybrid (capd's default), on four third-party sets
+(tests/fixtures/search_sets: Google Workspace and Atlassian MCP servers' tools
+with hand-written queries, and the Berkeley Function Calling Leaderboard's
+functions with its own questions), each in a development and a held-out half,
+and on capd's own fixture catalogue (tests/fixtures: 169 capabilities, three
+query sets). Also: reciprocal-rank fusion instead of the convex combination, the
+hybrid without the thesaurus, and the BM25 of the previous release, for
+comparison. ``--holdout`` adds the held-out halves (run once, at the end).
 
-    python bench/search.py
+Speed: search latency p50/p99 over 1,000 and 10,000 capabilities (the real
+catalogues pooled, then renamed copies), the build time of the 10,000 (and the
+part of it spent embedding), and the memory the search adds, measured in a
+fresh process. Context economy: the token size of what `tools/list` returns
+in meta mode against direct mode.
+
+    python bench/search.py [--holdout]
 """
 
 from __future__ import annotations
@@ -21,50 +28,187 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
+import argparse
 import json
 import statistics
+import subprocess
+import textwrap
 import time
+import types
+from collections.abc import Sequence
 
-from capd.registry import SearchIndex, estimate_tokens, parameters_schema
+from capd.registry import Capability, SearchIndex, estimate_tokens, parameters_schema
+from capd.registry import _lexical as lexical
+from capd.registry._search import Fusion
+from capd.registry._terms import tokenize
+from capd.registry._thesaurus import build_expansions
 from capd.sidecar.client._mcp import META_TOOLS
-from tests.catalogue import (
-    BLIND_SET,
-    QUERY_SETS,
-    bm25_ranker,
+from tests.catalogue import BLIND_SET, QUERY_SETS, load_catalogue, load_queries
+from tests.search_sets import (
+    THIRD_PARTY_SETS,
+    Figures,
+    Ranker,
     evaluate,
-    load_catalogue,
-    load_queries,
-    substring_ranker,
+    load_set_catalogue,
+    load_set_queries,
+    ranker,
 )
 
 
-def main() -> None:
-    caps = load_catalogue()
+def _row(label: str, figures: Figures) -> str:
+    return (f"  {label:<28} recall@1 {figures.recall_at_1:.3f}  recall@5 "
+            f"{figures.recall_at_5:.3f}  MRR {figures.mrr:.3f}")
+
+
+def _sets(holdout: bool) -> list[tuple[str, Sequence[Capability], list[tuple[str, str]]]]:
+    out = []
+    splits = ("dev", "holdout") if holdout else ("dev",)
+    for name in THIRD_PARTY_SETS:
+        for split in splits:
+            out.append((f"{name} {split}", load_set_catalogue(name),
+                        load_set_queries(name, split)))  # type: ignore[arg-type]
+    own = load_catalogue()
     for query_set in (*QUERY_SETS, BLIND_SET):
-        queries = load_queries(query_set)
-        recall, mrr = evaluate(bm25_ranker(caps), queries)
-        base_recall, base_mrr = evaluate(substring_ranker(caps), queries)
-        print(f"search quality, {len(caps)} capabilities, {len(queries)} labelled queries "
-              f"({query_set})")
-        print(f"  capd BM25 + thesaurus recall@5 {recall:.3f}  MRR {mrr:.3f}")
-        print(f"  substring baseline    recall@5 {base_recall:.3f}  MRR {base_mrr:.3f}")
-        print(f"  ratio                 recall {recall / base_recall:.2f}x  "
-              f"MRR {mrr / base_mrr:.2f}x")
-    texts = [q for q, _ in load_queries()]
+        out.append((f"capd {query_set}", own, load_queries(query_set)))
+    return out
+
+
+# The commit whose registry/_search.py is the BM25-only search this one replaced.
+PREVIOUS_SEARCH = "b3438e522390c07e097f38eb4a1adf46781450d1"
+
+
+def _previous_bm25(caps: Sequence[Capability]) -> Ranker | None:
+    """The BM25 of the previous release (read from git), or None outside a git checkout."""
+    root = _HERE.parent
+    sources = {}
+    for module in ("_search", "_thesaurus"):
+        done = subprocess.run(["git", "-C", str(root), "show",
+                               f"{PREVIOUS_SEARCH}:registry/{module}.py"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return None
+        sources[module] = done.stdout
+    thesaurus = types.ModuleType("previous_thesaurus")
+    exec(compile(sources["_thesaurus"], "previous_thesaurus", "exec"), thesaurus.__dict__)
+    module = types.ModuleType("previous_search")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    module.__dict__.update(Capability=Capability, EXPANSION_WEIGHT=thesaurus.EXPANSION_WEIGHT,
+                           build_expansions=thesaurus.build_expansions)
+    code = sources["_search"].replace("from ._model import Capability", "").replace(
+        "from ._thesaurus import EXPANSION_WEIGHT, build_expansions", "")
+    exec(compile(code, "previous_search", "exec"), module.__dict__)
+    index = module.SearchIndex(caps)
+    return lambda query, k: [h.capability.name for h in index.search(query, k=k)]
+
+
+def quality(holdout: bool) -> None:
+    indexes: dict[int, SearchIndex] = {}
+    previous: dict[int, Ranker | None] = {}
+    rrf: dict[int, SearchIndex] = {}
+    for label, caps, queries in _sets(holdout):
+        key = id(caps)
+        if key not in indexes:
+            indexes[key] = SearchIndex(caps)
+            rrf[key] = SearchIndex(caps, fusion=Fusion("rrf", 0.5, 60))
+            previous[key] = _previous_bm25(caps)
+        index = indexes[key]
+        print(f"{label}: {len(caps)} capabilities, {len(queries)} labelled queries")
+        for method, name in (("bm25", "BM25 only"), ("semantic", "embedding only"),
+                             ("hybrid", "hybrid (convex 0.6)")):
+            print(_row(name, evaluate(ranker(index, method), queries)))  # type: ignore[arg-type]
+        print(_row("hybrid, RRF (k=60)", evaluate(ranker(rrf[key]), queries)))
+        saved = lexical._EXPANSIONS
+        lexical._EXPANSIONS = build_expansions(tokenize, ())
+        try:
+            print(_row("hybrid, no thesaurus", evaluate(ranker(index), queries)))
+        finally:
+            lexical._EXPANSIONS = saved
+        before = previous[key]
+        if before is not None:
+            print(_row("previous release's BM25", evaluate(before, queries)))
+
+
+def _pooled(target: int) -> list[Capability]:
+    """``target`` capabilities: every real catalogue, then renamed copies of them."""
+    base = [*load_catalogue()]
+    for name in THIRD_PARTY_SETS:
+        base.extend(load_set_catalogue(name))
+    caps: list[Capability] = []
+    copy = 0
+    while len(caps) < target:
+        for cap in base:
+            name = cap.name if copy == 0 else f"{cap.name}_v{copy}"
+            caps.append(cap.model_copy(update={"name": name}))
+        copy += 1
+    return caps[:target]
+
+
+def speed() -> None:
+    texts = [q for name in THIRD_PARTY_SETS for q, _ in load_set_queries(name, "dev")]
+    texts += [q for q, _ in load_queries()]
     for target in (1000, 10000):
-        copies = -(-target // len(caps))
-        index_caps = load_catalogue(copies)[:target]
-        index = SearchIndex(index_caps)
-        times = []
-        for _ in range(5):
+        caps = _pooled(target)
+        started = time.perf_counter()
+        index = SearchIndex(caps)
+        built = time.perf_counter() - started
+        for method in ("hybrid", "bm25"):
+            times = []
             for query in texts:
                 started = time.perf_counter()
-                index.search(query, k=5)
+                index.search(query, k=5, method=method)  # type: ignore[arg-type]
                 times.append(time.perf_counter() - started)
-        times.sort()
-        p50, p99 = statistics.median(times) * 1e3, times[int(len(times) * .99)] * 1e3
-        print(f"  latency over {len(index_caps):>6} capabilities: p50 {p50:.3f} ms  "
-              f"p99 {p99:.3f} ms")
+            times.sort()
+            p50, p99 = statistics.median(times) * 1e3, times[int(len(times) * .99)] * 1e3
+            print(f"  {method:<6} search over {target:>6} capabilities: p50 {p50:.3f} ms  "
+                  f"p99 {p99:.3f} ms  ({len(times)} queries)")
+        print(f"  build of {target} capabilities: {built:.2f} s")
+
+
+_MEMORY_PROBE = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 2**20
+    import pydantic, structlog
+    base = rss()
+    import numpy, tokenizers, rapidfuzz, Stemmer
+    from capd.registry import SearchIndex
+    from capd.registry._embed import load_embedder
+    deps = rss()
+    embedder = load_embedder()
+    model = rss()
+    sys.path.insert(0, {bench!r})
+    from search import _pooled
+    caps = _pooled(10000)
+    loaded = rss()
+    from capd.registry._search import semantic_text
+    texts = [semantic_text(c) for c in caps]
+    started = time.perf_counter()
+    embedder.embed(texts)
+    embed_s = time.perf_counter() - started
+    started = time.perf_counter()
+    index = SearchIndex(caps)
+    build_s = time.perf_counter() - started
+    built = rss()
+    print(f"  imports (numpy, tokenizers, rapidfuzz, PyStemmer, capd): {{deps - base:.1f}} MiB")
+    print(f"  model (memory-mapped table, tokenizer): {{model - deps:.1f}} MiB")
+    print(f"  index of 10,000 capabilities: {{built - loaded:.1f}} MiB "
+          f"(build {{build_s:.2f}} s, of which embedding 10,000 capsules {{embed_s:.2f}} s)")
+    print(f"  search added in all (imports, model, index): "
+          f"{{built - loaded + model - base:.1f}} MiB")
+""")
+
+
+def memory() -> None:
+    code = _MEMORY_PROBE.format(root=str(_HERE.parent), bench=str(_HERE))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    print(done.stdout.rstrip() or done.stderr)
+
+
+def context_economy() -> None:
+    caps = load_catalogue()
     meta = [{"name": t.name, "description": t.description, "inputSchema": t.input_schema}
             for t in META_TOOLS.values()]
     direct = [{"name": c.name, "description": c.summary,
@@ -74,6 +218,19 @@ def main() -> None:
     print(f"context economy (tools/list, 1 token per 4 characters): meta mode {meta_tokens} "
           f"tokens, direct mode {direct_tokens} tokens for {len(caps)} capabilities "
           f"({direct_tokens / meta_tokens:.1f}x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--holdout", action="store_true",
+                        help="also the held-out halves (run once, when the method is frozen)")
+    args = parser.parse_args()
+    quality(args.holdout)
+    print("speed")
+    speed()
+    print("memory, 10,000 capabilities, fresh process")
+    memory()
+    context_economy()
 
 
 if __name__ == "__main__":

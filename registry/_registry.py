@@ -18,6 +18,7 @@ import difflib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
 from ._errors import DeclarationError, UnknownCapability
@@ -92,6 +93,7 @@ class Registry:
             dict(self.ops.hooks if hooks is None else hooks))
         self.built_at = clock()
         self._index: SearchIndex | None = None
+        self._search_cache: Path | None = None
         # Capabilities left out because this host lacks what they need: name -> why.
         self.not_on_host: dict[str, str] = {}
         for cap in capabilities:
@@ -182,10 +184,21 @@ class Registry:
         return len(self._all)
 
     def search_index(self) -> SearchIndex:
-        """The BM25 index over every capability, built on first use."""
+        """The search index over every capability, built on first use (see prepare_search)."""
         if self._index is None:
-            self._index = SearchIndex(self._all.values())
+            self._index = SearchIndex(self._all.values(), cache_dir=self._search_cache)
         return self._index
+
+    def prepare_search(self, cache_dir: Path | None = None) -> SearchIndex:
+        """Build the search index now, its capsule vectors cached in ``cache_dir``.
+
+        Building embeds every capsule not in the cache (seconds for thousands): the
+        daemon calls this in a worker thread before it swaps the registry in, so no
+        search ever builds the index on the event loop.
+        """
+        self._search_cache = cache_dir
+        self._index = None
+        return self.search_index()
 
     def counts(self) -> dict[str, int]:
         """Live, disabled and declaration-error counts, without copying anything."""

@@ -1,4 +1,4 @@
-"""Capability search: BM25 ranking quality on the fixture catalogue, filters, exact matches."""
+"""Capability search on capd's own fixture catalogue: quality, filters, exact matches, tokens."""
 
 from __future__ import annotations
 
@@ -56,10 +56,11 @@ def test_recall_at_5_meets_the_target_and_beats_the_substring_baseline(query_set
 
 
 def test_blind_set_stays_above_the_baseline() -> None:
-    """The blind set, written after the thesaurus was frozen, is the generalisation estimate.
+    """The blind set, written after the first thesaurus was frozen, stays above its old floor.
 
-    It measured 0.74 (0.64 without the thesaurus, substring baseline 0.60); the
-    floor pins that it does not fall, it is not the target.
+    BM25 with the first thesaurus measured 0.74 (substring baseline 0.60); the
+    hybrid ranking with the retired thesaurus measures 0.82. The floor pins that
+    it does not fall below the old figure.
     """
     caps = load_catalogue()
     queries = load_queries(BLIND_SET)
@@ -77,16 +78,16 @@ def test_one_letter_words_do_not_rank() -> None:
 
 def test_thesaurus_relatives_rank_below_the_words_a_capability_uses() -> None:
     """A query word found only as a relative still finds the capability; a real match wins."""
-    index = SearchIndex([cap("image.resize", "Resize or crop an image."),
-                         cap("photos.album", "List the photos in an album."),
+    index = SearchIndex([cap("tracker.search", "Search the issues of a project."),
+                         cap("tracker.bugs", "List the bugs of a project."),
                          cap("files.read", "Read a text file.")])
-    assert [h.capability.name for h in index.search("make the picture smaller")] == [
-        "image.resize", "photos.album"]
-    assert [h.capability.name for h in index.search("photo")] == [
-        "photos.album", "image.resize"]
-    weights = expand(tokenize("picture"))
-    assert weights[tokenize("picture")[0]] == 1.0
-    assert weights[tokenize("image")[0]] == EXPANSION_WEIGHT
+    assert [h.capability.name for h in index.search("look up a ticket", method="bm25")] == [
+        "tracker.search", "tracker.bugs"]
+    assert [h.capability.name for h in index.search("bug", method="bm25")] == [
+        "tracker.bugs", "tracker.search"]
+    weights = expand(tokenize("ticket"))
+    assert weights[tokenize("ticket")[0]] == 1.0
+    assert weights[tokenize("issue")[0]] == EXPANSION_WEIGHT
 
 
 def test_exact_id_or_alias_comes_first() -> None:
@@ -128,6 +129,7 @@ def test_success_boost_reorders_ties() -> None:
 def test_tokenizer_and_estimate() -> None:
     """Stop words go, plurals and -ing forms meet; 4 characters make a token."""
     assert tokenize("Show the meetings") == tokenize("meeting")
+    assert tokenize("planning") == tokenize("plan")
     assert estimate_tokens("x" * 8) == 2
     assert estimate_tokens("x" * 9) == 3
 
