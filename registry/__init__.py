@@ -9,7 +9,9 @@ Its exceptions, in four trees::
         ├── DeclarationError      a capability declaration (TOML or code) is invalid
         ├── PluginError           a plugin module could not be imported
         ├── ConfigError           the build configuration is unusable
-        └── UnknownCapability     a lookup named a capability that does not exist (LookupError)
+        ├── UnknownCapability     a lookup named a capability that does not exist (LookupError)
+        ├── UnknownTopology       a lookup named a topology that is not declared (LookupError)
+        └── InvalidTopology       a topology fails validation; every problem is listed
 
     ValueError
     └── TemplateError             a ``{name}`` template is malformed, unsafe or lacks a value
@@ -35,11 +37,13 @@ import failure into a ``PluginError``), the original is kept as its
 ``__cause__``.
 """
 
+from ._agents import AgentSpec, InjectionSpec, Selection, select_capabilities
 from ._build import BuildConfig, build
 from ._declarations import (
     DeclarationSet,
     describe_validation_error,
     load_declarations,
+    load_topologies,
     parse_tool,
     render_vars,
 )
@@ -47,9 +51,11 @@ from ._errors import (
     CapdError,
     ConfigError,
     DeclarationError,
+    InvalidTopology,
     PluginError,
     RegistryError,
     UnknownCapability,
+    UnknownTopology,
 )
 from ._hooks import HookSpec, after_call, before_call
 from ._model import (
@@ -90,9 +96,21 @@ from ._routes import ErrorRoute
 from ._schema import parameters_schema
 from ._search import Hit, SearchIndex, estimate_tokens, success_boost, tokenize
 from ._template import TemplateError, placeholders, render
+from ._topology import (
+    Topology,
+    TopologyExpansion,
+    TopologyGroup,
+    TopologyPhase,
+    TopologyRole,
+    TopologySet,
+    expand_topology,
+    parse_count_overrides,
+    validate_topology,
+)
 from ._upstream import Upstream, UpstreamError, UpstreamPool
 
 __all__ = [
+    "AgentSpec",
     "Blocked",
     "BuildConfig",
     "Capability",
@@ -113,6 +131,8 @@ __all__ = [
     "HostRequirements",
     "HttpEffect",
     "HttpProbe",
+    "InjectionSpec",
+    "InvalidTopology",
     "LatencyClass",
     "McpProbe",
     "OpEffect",
@@ -131,14 +151,22 @@ __all__ = [
     "RegistrySnapshot",
     "RetryPolicy",
     "SearchIndex",
+    "Selection",
     "TcpProbe",
     "TemplateError",
     "ToolError",
     "ToolSpec",
     "ToolUnavailable",
+    "Topology",
+    "TopologyExpansion",
+    "TopologyGroup",
+    "TopologyPhase",
+    "TopologyRole",
+    "TopologySet",
     "TransientToolError",
     "UnixProbe",
     "UnknownCapability",
+    "UnknownTopology",
     "Upstream",
     "UpstreamError",
     "UpstreamPool",
@@ -148,17 +176,22 @@ __all__ = [
     "capability",
     "describe_validation_error",
     "estimate_tokens",
+    "expand_topology",
     "is_valid_name",
     "load_declarations",
     "load_plugins",
+    "load_topologies",
     "op",
     "parameters_schema",
+    "parse_count_overrides",
     "parse_tool",
     "placeholders",
     "probe_all",
     "render",
     "render_vars",
     "run_probe",
+    "select_capabilities",
     "success_boost",
     "tokenize",
+    "validate_topology",
 ]

@@ -1,7 +1,8 @@
 """Inert TOML declarations turned into capabilities.
 
 A declaration file holds one or many ``[[capability]]`` tables, each naming an
-``op`` plus metadata, and optionally ``[tools.<id>]`` tables::
+``op`` plus metadata, optionally ``[tools.<id>]`` tables, and ``[[topology]]``
+tables (``_topology.py``)::
 
     [tools.vault]
     kind = "path"
@@ -15,7 +16,7 @@ A declaration file holds one or many ``[[capability]]`` tables, each naming an
     options = { vault = "{config_dir}/vault" }
 
 Every problem becomes a :class:`DeclarationError` naming the file, the
-capability and the field; one bad declaration never stops the others.
+capability (or topology) and the field; one bad declaration never stops the others.
 """
 
 from __future__ import annotations
@@ -33,20 +34,41 @@ from ._errors import ConfigError, DeclarationError
 from ._model import Capability, ToolSpec
 from ._ops import CapabilitySpec, OpTable, infer_parameters
 from ._template import TemplateError, render
+from ._topology import RESERVED_IDS, Topology, TopologySet
 
 _TOOL_ADAPTER: TypeAdapter[ToolSpec] = TypeAdapter(ToolSpec)
-_FILE_KEYS = {"capability", "tools"}
+_FILE_KEYS = {"capability", "tools", "topology"}
 _RESERVED = {"func", "parameters", "op_id", "source"}
 
 
 @dataclass
 class DeclarationSet:
-    """What loading found: capabilities, tools and errors, in load order."""
+    """What loading found: capabilities, tools, topologies and errors, in load order.
+
+    ``errors`` holds every error, those of ``[[topology]]`` tables included (a
+    build reports them all); ``topology_errors`` holds those again, and
+    ``broken_topologies`` each by its id where the id could be read.
+    """
 
     capabilities: list[Capability] = field(default_factory=list)
     tools: dict[str, ToolSpec] = field(default_factory=dict)
     tool_sources: dict[str, str] = field(default_factory=dict)
     errors: list[DeclarationError] = field(default_factory=list)
+    topologies: dict[str, Topology] = field(default_factory=dict)
+    topology_errors: list[DeclarationError] = field(default_factory=list)
+    broken_topologies: dict[str, DeclarationError] = field(default_factory=dict)
+
+    def topology_set(self) -> TopologySet:
+        """The topologies found, with the errors of the tables that did not load."""
+        return TopologySet(dict(self.topologies), tuple(self.topology_errors),
+                           dict(self.broken_topologies))
+
+    def add_topology_error(self, error: DeclarationError, topology_id: object = None) -> None:
+        """Record a ``[[topology]]`` table that did not load (by ``topology_id`` if a string)."""
+        self.errors.append(error)
+        self.topology_errors.append(error)
+        if isinstance(topology_id, str):
+            self.broken_topologies.setdefault(topology_id, error)
 
 
 def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
@@ -182,23 +204,17 @@ def load_declarations(
     result = DeclarationSet()
     for file in declaration_files(paths):
         source = _label(file, label_root)
-        try:
-            doc = tomllib.loads(file.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            error = DeclarationError(source, f"not valid TOML: {exc}")
-            error.__cause__ = exc  # collected, not raised: keep the cause as `from exc` would
-            result.errors.append(error)
-            continue
-        except OSError as exc:
-            error = DeclarationError(source, f"cannot read: {exc.strerror}")
-            error.__cause__ = exc
-            result.errors.append(error)
+        doc = _read(file, source)
+        if isinstance(doc, DeclarationError):
+            result.errors.append(doc)
             continue
         for key in doc.keys() - _FILE_KEYS:
             result.errors.append(
-                DeclarationError(source, f"unknown top-level key {key!r} (expected [[capability]] "
-                                 "or [tools.<id>])", field=key)
+                DeclarationError(source, f"unknown top-level key {key!r} (expected [[capability]], "
+                                 "[tools.<id>] or [[topology]])", field=key)
             )
+        if "topology" in doc:
+            _add_topologies(doc["topology"], source, result)
         tools = doc.get("tools", {})
         if not isinstance(tools, dict):
             result.errors.append(DeclarationError(source, "'tools' must be a table", field="tools"))
@@ -223,6 +239,85 @@ def load_declarations(
             except DeclarationError as exc:
                 result.errors.append(exc)
     return result
+
+
+def load_topologies(paths: Iterable[Path], *, label_root: Path | None = None) -> TopologySet:
+    """Read only the ``[[topology]]`` tables of the declaration files under ``paths``.
+
+    Never raises: a file that cannot be read (or a path that no longer exists) is
+    an error of the set, as a broken table is. Blocking: call it off the loop.
+    """
+    result = DeclarationSet()
+    try:
+        files = declaration_files(paths)
+    except ConfigError as exc:
+        result.add_topology_error(DeclarationError("declarations", str(exc)))
+        files = []
+    for file in files:
+        source = _label(file, label_root)
+        doc = _read(file, source)
+        if isinstance(doc, DeclarationError):
+            result.add_topology_error(doc)
+        elif "topology" in doc:
+            _add_topologies(doc["topology"], source, result)
+    return result.topology_set()
+
+
+def _read(file: Path, source: str) -> dict[str, Any] | DeclarationError:
+    """The TOML document in ``file``, or the error that says why it cannot be had."""
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        error = DeclarationError(source, f"not valid TOML: {exc}")
+        error.__cause__ = exc  # collected, not raised: keep the cause as `from exc` would
+        return error
+    except OSError as exc:
+        error = DeclarationError(source, f"cannot read: {exc.strerror}")
+        error.__cause__ = exc
+        return error
+
+
+def _add_topologies(raw: Any, source: str, result: DeclarationSet) -> None:
+    """Validate the ``[[topology]]`` array of one file into ``result``; never raises.
+
+    The first declaration of an id wins; a later one is an error naming both files.
+    """
+    if not isinstance(raw, list):
+        result.add_topology_error(DeclarationError(
+            source, "use [[topology]] (an array of tables)", field="topology"))
+        return
+    for index, table in enumerate(raw):
+        topology_id = table.get("id") if isinstance(table, dict) else None
+        try:
+            topology = _declared_topology(table, source, index)
+        except DeclarationError as exc:
+            result.add_topology_error(exc, topology_id)
+            continue
+        first = result.topologies.get(topology.id)
+        if first is not None:
+            result.add_topology_error(DeclarationError(
+                source, f"topology {topology.id!r} is already declared by {first.source}",
+                field="id"))
+            continue
+        result.topologies[topology.id] = topology
+
+
+def _declared_topology(table: Any, source: str, index: int) -> Topology:
+    label = repr(table["id"]) if isinstance(table, dict) and isinstance(
+        table.get("id"), str) else f"[{index}]"
+    if not isinstance(table, dict):
+        raise DeclarationError(source, f"topology {label} must be a table", field="topology")
+    if "source" in table:
+        raise DeclarationError(source, f"topology {label}: field 'source' cannot be declared; "
+                               "it is the file's name", field="source")
+    if table.get("id") in RESERVED_IDS:
+        raise DeclarationError(source, f"topology {label}: the id is reserved (a route of the "
+                               "API is named so); choose another", field="id")
+    try:
+        return Topology.model_validate({**table, "source": source})
+    except ValidationError as exc:
+        text, fld = describe_validation_error(exc)
+        raise DeclarationError(source, f"topology {label}: {text}", field=fld) from exc
 
 
 def _label(file: Path, root: Path | None) -> str:

@@ -7,7 +7,9 @@
         ├── DeclarationError      a capability declaration (TOML or code) is invalid
         ├── PluginError           a plugin module could not be imported
         ├── ConfigError           the build configuration is unusable
-        └── UnknownCapability     a lookup named a capability that does not exist
+        ├── UnknownCapability     a lookup named a capability that does not exist
+        ├── UnknownTopology       a lookup named a topology that is not declared
+        └── InvalidTopology       a topology fails validation (every problem listed)
 
 Other packages hang their own subtrees off :class:`CapdError`; the package
 docstring draws every exception of the registry, these and the others.
@@ -82,3 +84,28 @@ class UnknownCapability(RegistryError, LookupError):
         names = ", ".join(repr(s) for s in self.suggestions)
         hint = f" (did you mean {names}?)" if names else ""
         super().__init__(f"unknown capability {name!r}{hint}")
+
+
+class UnknownTopology(RegistryError, LookupError):
+    """No topology by that id is declared."""
+
+    def __init__(self, topology_id: str, suggestions: list[str] | None = None,
+                 known: list[str] | None = None) -> None:
+        self.topology_id = topology_id
+        self.suggestions = suggestions or []
+        if self.suggestions:
+            hint = f" (did you mean {', '.join(repr(s) for s in self.suggestions)}?)"
+        elif known:
+            hint = f" (topologies: {', '.join(known)})"
+        else:
+            hint = " (no topology is declared; add [[topology]] to a declarations file)"
+        super().__init__(f"unknown topology {topology_id!r}{hint}")
+
+
+class InvalidTopology(RegistryError):
+    """A topology fails validation; ``problems`` holds one sentence per problem."""
+
+    def __init__(self, topology_id: str, problems: list[str]) -> None:
+        self.topology_id = topology_id
+        self.problems = problems
+        super().__init__(f"topology {topology_id!r} is invalid: {'; '.join(problems)}")

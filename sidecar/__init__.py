@@ -8,6 +8,7 @@ share is here — the operator table, the errors, default paths.
     CapdError
     └── SidecarError
         ├── InvalidParams, BadRequest, Draining          answered by the API
+        ├── UnknownAgent, UnresolvedAgent                  answered by the API
         ├── SocketInUse, UnsafeSocketFolder, StateDirLocked   the daemon refuses to start
         └── DaemonUnreachable                           the client finds nothing listening
             └── DaemonDown                              the MCP bridge lost the daemon
@@ -22,6 +23,8 @@ from ._errors import (
     SidecarError,
     SocketInUse,
     StateDirLocked,
+    UnknownAgent,
+    UnresolvedAgent,
     UnsafeSocketFolder,
 )
 from ._paths import capd_version, default_socket_path
@@ -40,6 +43,8 @@ __all__ = [
     "SidecarError",
     "SocketInUse",
     "StateDirLocked",
+    "UnknownAgent",
+    "UnresolvedAgent",
     "UnsafeSocketFolder",
     "capd_version",
     "default_socket_path",

@@ -7,6 +7,8 @@
         ├── InvalidParams        call parameters failed validation (HTTP 422)
         ├── BadRequest           a malformed request: bad JSON, wrong shape (HTTP 400)
         ├── Draining             the daemon is shutting down (HTTP 503)
+        ├── UnknownAgent         no [agents.NAME] by that name (HTTP 404)
+        ├── UnresolvedAgent      an agent's entries (or an injection's) select nothing (HTTP 422)
         ├── SocketInUse          another daemon answers on the socket
         ├── UnsafeSocketFolder   the socket's folder is not the daemon's own
         ├── StateDirLocked       another daemon holds the state directory
@@ -17,6 +19,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from capd.registry import CapdError
@@ -46,6 +49,35 @@ class BadRequest(SidecarError):
 
 class Draining(SidecarError):
     """The daemon is draining for shutdown and accepts no new calls."""
+
+
+class UnknownAgent(SidecarError, LookupError):
+    """No agent by that name is declared under ``[agents]`` in capd.toml."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        if self.suggestions:
+            hint = f" (did you mean {', '.join(repr(s) for s in self.suggestions)}?)"
+        elif known:
+            hint = f" (agents: {', '.join(sorted(known))})"
+        else:
+            hint = " (no agent is declared; add [agents.NAME] to capd.toml)"
+        super().__init__(f"unknown agent {name!r}{hint}")
+
+
+class UnresolvedAgent(SidecarError):
+    """Entries of an agent, or of a run-time injection, select no capability (fail closed).
+
+    ``problems`` holds one ``{"entry", "declared_in", "detail"}`` per entry that
+    selects nothing; ``declared_in`` is ``agents.NAME`` or ``injections[i]``.
+    """
+
+    def __init__(self, agent: str, problems: list[dict[str, str]]) -> None:
+        self.agent = agent
+        self.problems = problems
+        listed = "; ".join(f"{p['detail']} (in {p['declared_in']})" for p in problems)
+        super().__init__(f"agent {agent!r} cannot be resolved: {listed}")
 
 
 class SocketInUse(SidecarError):

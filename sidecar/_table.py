@@ -32,6 +32,11 @@ class Option:
     # A positional that takes every remaining word (sent joined by spaces), so that
     # `capd search append a line` needs no quotes.
     rest: bool = False
+    # An option given any number of times (`--context a=1 --context b=2`), sent joined by
+    # commas (`context=a=1,b=2`); a value cannot hold a comma.
+    repeat: bool = False
+    # A positional that may be left out (`capd topology validate [TOPOLOGY]`).
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class OperatorCommand:
 FORCE = Option(("--force",), "force", "ignore the per-tool cooldown", is_flag=True)
 SESSIONS_ARE_THE_OPERATORS = ("an agent that could reset loop counts would undo its own "
                               "loop detection; the list shows every caller's sessions")
+AGENT_FORMATS = ("json", "claude", "codex")
+CONTEXT = Option(("--context",), "context", "the execution context as key=value (repeatable); "
+                 "run-time injections match it", repeat=True)
 CONSENT_IS_THE_OPERATORS = ("consent is given by a person through the operator's surface; an "
                             "agent that could grant it would consent to itself")
 
@@ -124,6 +132,8 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                    choices=("inner", "outer", "both")),
             Option(("--include-disabled",), "include_disabled",
                    "also disabled capabilities, with why", is_flag=True),
+            Option(("--explain",), "explain",
+                   "say which terms and semantic neighbours matched", is_flag=True),
         ),
         render="search",
         examples=("capd search append a line to a note",
@@ -285,6 +295,70 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand("queue-cancel", "Cancel a job that is not running.", "POST",
                     "/queue/{id}/cancel", ("queue", "cancel"), "queue_cancel",
                     examples=("capd queue cancel JOB_ID",)),
+    OperatorCommand("agent-list", "Agents declared in capd.toml, and the run-time injections.",
+                    "GET", "/agents", ("agent", "list"), "agents_list", render="agents",
+                    examples=("capd agent list", "capd agent list --json | jq '.injections'")),
+    OperatorCommand("agent-show", "One agent's entries and what each selects now.", "GET",
+                    "/agents/{agent}", ("agent", "show"), "agent_show", render="agent",
+                    examples=("capd agent show reviewer",)),
+    OperatorCommand(
+        "agent-resolve", "The MCP servers an agent's runtime needs, in an execution context.",
+        "GET", "/agents/{agent}/resolve", ("agent", "resolve"), "agent_resolve",
+        options=(CONTEXT, Option(("--format",), "format", "json (everything; the default), "
+                                 "claude (mcpServers) or codex (TOML)", choices=AGENT_FORMATS)),
+        examples=("capd agent resolve reviewer   # capabilities, expansion, injected, servers",
+                  "capd agent resolve reviewer --context silent=true --format claude > .mcp.json",
+                  "capd agent resolve reviewer --format codex >> ~/.codex/config.toml"),
+    ),
+    # /topologies/validate comes before /topologies/{topology}: "validate" is no topology's id.
+    OperatorCommand(
+        "topology-list", "Topologies declared in the declaration files.", "GET", "/topologies",
+        ("topology", "list"), "topologies_list", render="topologies",
+        examples=("capd topology list", "capd topology list --json | jq '.errors'"),
+        mcp=McpTool("list_topologies",
+                    "List the declared topologies: ways for several agents to work together "
+                    "(roles, groups, phases). Then get_topology or expand_topology.",
+                    {"type": "object", "properties": {}}),
+    ),
+    OperatorCommand(
+        "topology-validate", "Check one topology, or all; exit 1 naming every problem.", "GET",
+        "/topologies/validate", ("topology", "validate"), "topology_validate",
+        options=(Option(("topology",), "id", "a topology id (default: every topology)",
+                        positional=True, optional=True),),
+        render="validation",
+        examples=("capd topology validate   # every topology; exit 1 on any problem",
+                  "capd topology validate review"),
+    ),
+    OperatorCommand(
+        "topology-show", "One topology as declared, with the problems found in it.", "GET",
+        "/topologies/{topology}", ("topology", "show"), "topology_show",
+        examples=("capd topology show review",),
+        mcp=McpTool("get_topology",
+                    "One topology as declared: its roles (responsibilities, agent, count), "
+                    "groups, phases (fanout, fanin), required evidence, and any problem.",
+                    {"type": "object", "required": ["id"], "properties": {
+                        "id": {"type": "string", "description": "The topology id."}}},
+                    path={"id": "topology"}),
+    ),
+    OperatorCommand(
+        "topology-expand", "Materialise a topology's instances, each with its agent's config.",
+        "GET", "/topologies/{topology}/expand", ("topology", "expand"), "topology_expand",
+        options=(Option(("--set",), "set", "ROLE.count=N: another count for a role (repeatable)",
+                        repeat=True), CONTEXT),
+        examples=("capd topology expand review",
+                  "capd topology expand review --set reviewer.count=5 --context silent=true"),
+        mcp=McpTool("expand_topology",
+                    "Materialise a topology: every role instance (reviewer-1 ... reviewer-N "
+                    "when count > 1) with its agent's capabilities and MCP server configs, "
+                    "and the groups and phases by instance. Refuses an invalid topology.",
+                    {"type": "object", "required": ["id"], "properties": {
+                        "id": {"type": "string", "description": "The topology id."},
+                        "set": {"type": "array", "items": {"type": "string"},
+                                "description": "Count overrides, each ROLE.count=N."},
+                        "context": {"type": "array", "items": {"type": "string"},
+                                    "description": "The execution context, each key=value."}}},
+                    path={"id": "topology"}, query={"set": "set", "context": "context"}),
+    ),
 )
 
 

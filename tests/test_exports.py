@@ -25,6 +25,10 @@ REGISTRY = {
     "TransientToolError", "Hit", "HostRequirements", "SearchIndex", "estimate_tokens",
     "success_boost", "tokenize", "describe_validation_error", "parse_tool", "render_vars",
     "ErrorRoute", "HookSpec", "after_call", "before_call",
+    "AgentSpec", "InjectionSpec", "Selection", "select_capabilities",
+    "Topology", "TopologyExpansion", "TopologyGroup", "TopologyPhase", "TopologyRole",
+    "TopologySet", "InvalidTopology", "UnknownTopology", "expand_topology", "load_topologies",
+    "parse_count_overrides", "validate_topology",
 }
 
 
@@ -38,7 +42,8 @@ def test_registry_exports() -> None:
 SIDECAR = {
     "COMMANDS", "BadRequest", "DaemonDown", "DaemonUnreachable", "Draining", "InvalidParams",
     "McpTool", "OperatorCommand", "Option", "SidecarError", "SocketInUse", "StateDirLocked",
-    "UnsafeSocketFolder", "capd_version", "default_socket_path",
+    "UnsafeSocketFolder", "capd_version", "default_socket_path", "UnknownAgent",
+    "UnresolvedAgent",
 }
 
 SERVER = {

@@ -10,9 +10,11 @@ is disabled or restored.
 
 The daemon may be down: each tool then answers with ``is_error`` and a clear
 sentence, and the next call reconnects by itself. A profile limits every
-tool to the capabilities (or tags) it names. A capability may be named, by the
-profile or by the agent, through one of its aliases: the daemon resolves the
-alias, and the profile is checked against the capability it resolved to.
+tool to the capabilities (or tags) it names; ``--allow a,b,c`` does the same for
+exactly the capabilities listed (what ``capd agent resolve`` hands an agent's
+runtime). A capability may be named, by the profile or by the agent, through one
+of its aliases: the daemon resolves the alias, and the profile is checked against
+the capability it resolved to.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 
-from capd.registry import ConfigError
+from capd.registry import ConfigError, is_valid_name
 
 from .._errors import DaemonDown
 from .._paths import capd_version
@@ -79,6 +81,25 @@ def load_profile(path: Path) -> Profile:
         raise ConfigError(f"profile {path}: list capabilities = [...] and/or tags = [...]")
     return Profile(str(data.get("name", path.stem)), frozenset(map(str, caps)),
                    frozenset(map(str, tags)))
+
+
+ALLOW_PROFILE = "--allow"
+
+
+def allow_profile(text: str) -> Profile:
+    """The profile ``--allow a,b,c`` stands for: exactly these capability names.
+
+    Raise ValueError for an empty list or an entry that is not a capability name
+    (a glob or a tag is resolved by ``capd agent resolve``, never by the bridge).
+    """
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError("name at least one capability")
+    bad = [n for n in names if not is_valid_name(n)]
+    if bad:
+        raise ValueError(f"{', '.join(repr(b) for b in bad)}: not a capability name "
+                         "(globs and tags are not taken here; capd agent resolve expands them)")
+    return Profile(ALLOW_PROFILE, frozenset(names))
 
 
 class DaemonLink:

@@ -69,6 +69,50 @@ def render_search(body: Any) -> str:
     return "\n".join(lines)
 
 
+def render_agents(body: Any) -> str:
+    """A table of agents and their entries, then the run-time injections."""
+    agents = body["agents"]
+    if not agents:
+        return "no agent is declared; add [agents.NAME] to capd.toml"
+    width = max([len("AGENT"), *(len(a["agent"]) for a in agents)])
+    lines = [f"{'AGENT':<{width}}  CAPABILITIES"]
+    lines += [f"{a['agent']:<{width}}  {', '.join(a['capabilities'])}" for a in agents]
+    for injection in body.get("injections", []):
+        why = f"  ({injection['why']})" if injection.get("why") else ""
+        lines.append(f"injection: when {injection['when']} add {', '.join(injection['add'])}{why}")
+    return "\n".join(lines)
+
+
+def render_agent(body: Any) -> str:
+    """One agent: each entry and what it selects (or why it selects nothing)."""
+    lines = [f"{body['agent']}: {body['description']}" if body.get("description")
+             else body["agent"]]
+    for item in body["expansion"]:
+        found = ", ".join(item["capabilities"]) or f"NOTHING: {item.get('problem', '')}"
+        lines.append(f"  {item['entry']} ({item['kind']}) -> {found}")
+    return "\n".join(lines)
+
+
+def render_topologies(body: Any) -> str:
+    """A table of topologies: id, roles, instances, title; then what could not be read."""
+    tops = body["topologies"]
+    width = max([len("TOPOLOGY"), *(len(t["id"]) for t in tops)])
+    lines = [f"{'TOPOLOGY':<{width}}  INSTANCES  TITLE"]
+    lines += [f"{t['id']:<{width}}  {t['instances']:>9}  {t['title']}" for t in tops]
+    lines += [f"error: {e['message']}" for e in body.get("errors", [])]
+    return "\n".join(lines)
+
+
+def render_validation(body: Any) -> str:
+    """``ok ID`` or ``invalid ID`` with one indented line per problem."""
+    lines = []
+    for top in body["topologies"]:
+        lines.append(f"{'ok' if top['ok'] else 'invalid'} {top['id']}")
+        lines += [f"  {problem}" for problem in top["problems"]]
+    lines += [f"error: {e['message']}" for e in body.get("errors", [])]
+    return "\n".join(lines) or "no topology is declared"
+
+
 def describe_failure(command: str, body: Any) -> str:
     """One sentence for an answer that is not 2xx, for ``capd: <sentence>`` on stderr.
 
@@ -95,10 +139,14 @@ def describe_failure(command: str, body: Any) -> str:
 
 RENDERERS: dict[str, Callable[[Any], str]] = {
     "json": render_json,
+    "agent": render_agent,
+    "agents": render_agents,
     "call": render_call,
     "health": render_health,
     "jobs": render_jobs,
     "list": render_list,
     "search": render_search,
+    "topologies": render_topologies,
+    "validation": render_validation,
 }
 """How the CLI prints an answer, by the name an operator-table row gives."""

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from capd.registry import CapdError, ConfigError, build
@@ -33,6 +33,9 @@ from ._client import request
 from ._completion import SHELLS
 from ._render import RENDERERS, describe_failure
 
+if TYPE_CHECKING:  # the bridge's module loads the MCP SDK: only `capd mcp` needs it
+    from ._mcp import Profile
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -41,10 +44,12 @@ EXIT_PIPE = 141         # 128 + SIGPIPE, as a shell reports `yes | head -1`
 
 # Rows whose failing answer is itself the report (`capd health` while a check fails):
 # printed on stdout like a success, with exit 1.
-STATUS_REPORTS = frozenset({"health", "livez", "readyz"})
+STATUS_REPORTS = frozenset({"health", "livez", "readyz", "topology-validate"})
 
 PATH_PARAM_HELP = {"name": "a capability's name or alias", "tool": "a tool id from capd.toml",
-                   "id": "a job id (the ID column of capd queue list)"}
+                   "id": "a job id (the ID column of capd queue list)",
+                   "agent": "an agent's name ([agents.NAME] in capd.toml)",
+                   "topology": "a topology id (capd topology list)"}
 
 LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config", "completion", "install-units")
 
@@ -54,8 +59,10 @@ LOCAL_EXAMPLES: dict[str, tuple[str, ...]] = {
     "check": ("capd check --config examples/capd.toml",
               "capd check --strict --json   # exit 1 on any declaration error, for CI"),
     "mcp": ("capd mcp   # what an MCP client launches; see capd mcp-config",
-            "capd mcp --profile writer.toml --expose direct --tag notes"),
-    "mcp-config": ("capd mcp-config", "capd mcp-config --profile writer.toml"),
+            "capd mcp --profile writer.toml --expose direct --tag notes",
+            "capd mcp --allow notes.search,notes.append   # exactly these capabilities"),
+    "mcp-config": ("capd mcp-config", "capd mcp-config --profile writer.toml",
+                   "capd mcp-config --allow notes.search   # or: capd agent resolve NAME"),
     "completion": ("source <(capd completion bash)   # in ~/.bashrc",
                    "capd completion zsh > ~/.zfunc/_capd   # with fpath+=(~/.zfunc)",
                    "capd completion fish > ~/.config/fish/completions/capd.fish"),
@@ -163,10 +170,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from .._logging import configure_logging
-    from ._mcp import Bridge, DaemonLink, load_profile, serve
+    from ._mcp import Bridge, DaemonLink, serve
 
     configure_logging("warning", "json", stream=sys.stderr)  # stdout is the MCP channel
-    profile = load_profile(Path(args.profile)) if args.profile else None
+    profile = _bridge_profile(args)
     if args.expose == "meta" and args.tag:
         raise UsageError("--tag chooses what --expose direct exposes; add --expose direct")
     bridge = Bridge(DaemonLink(_socket_path(args.socket)), profile=profile,
@@ -184,17 +191,31 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _bridge_profile(args: argparse.Namespace) -> Profile | None:
+    """What ``--profile`` or ``--allow`` restricts the bridge to (one of them at most)."""
+    from ._mcp import allow_profile, load_profile
+
+    if args.profile and args.allow:
+        raise UsageError("--profile and --allow both restrict the bridge; pass one of them")
+    if args.allow:
+        try:
+            return allow_profile(args.allow)
+        except ValueError as exc:
+            raise UsageError(f"--allow: {exc}") from None
+    return load_profile(Path(args.profile)) if args.profile else None
+
+
 def cmd_mcp_config(args: argparse.Namespace) -> int:
     """Print the JSON an MCP client's configuration needs to launch the bridge."""
-    from ._mcp import load_profile
-
     command = str(Path(sys.argv[0]).resolve()) if Path(sys.argv[0]).name == "capd" else "capd"
     arguments = ["mcp", "--socket", str(_socket_path(args.socket))]
     name = "capd"
-    if args.profile:
-        profile = load_profile(Path(args.profile))
+    profile = _bridge_profile(args)
+    if args.profile and profile is not None:
         arguments += ["--profile", str(Path(args.profile).resolve())]
         name = f"capd-{profile.name}"
+    elif profile is not None:
+        arguments += ["--allow", ",".join(sorted(profile.capabilities))]
     if args.expose == "direct":
         arguments += ["--expose", "direct", *(x for t in args.tag or () for x in ("--tag", t))]
     print(json.dumps({"mcpServers": {name: {"command": command, "args": arguments}}},
@@ -272,6 +293,8 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
         value = getattr(args, option.flags[0] if option.positional else option.dest)
         if option.rest:
             value = " ".join(value) or None
+        elif option.repeat:
+            value = ",".join(value or ()) or None
         if value in (None, False):
             continue
         if option.target == "query":
@@ -321,12 +344,16 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             parser.add_argument(name, metavar=name.upper(), help=PATH_PARAM_HELP.get(name))
         for option in row.options:
             if option.positional:
+                nargs = "*" if option.rest else "?" if option.optional else None
                 parser.add_argument(option.flags[0], metavar=option.flags[0].upper(),
-                                    help=option.help, nargs="*" if option.rest else None)
+                                    help=option.help, nargs=nargs)
                 continue
             if option.is_flag:
                 parser.add_argument(*option.flags, dest=option.dest, action="store_true",
                                     help=option.help)
+            elif option.repeat:
+                parser.add_argument(*option.flags, dest=option.dest, action="append",
+                                    metavar=option.dest.upper(), help=option.help)
             else:
                 parser.add_argument(*option.flags, dest=option.dest, help=option.help,
                                     choices=option.choices)
@@ -376,6 +403,9 @@ def make_parser() -> argparse.ArgumentParser:
         mcp.add_argument("--socket", help="daemon socket (default: $CAPD_SOCKET or "
                          f"{default_socket_path()})")
         mcp.add_argument("--profile", help="a profile TOML limiting what the agent sees")
+        mcp.add_argument("--allow", metavar="NAMES",
+                         help="comma-separated capability names: the agent sees exactly these "
+                         "(as a profile listing them would); not with --profile")
         mcp.add_argument("--expose", choices=("meta", "direct"), default="meta",
                          help="direct: also offer matching capabilities as tools")
         mcp.add_argument("--tag", action="append", help="with --expose direct: these tags")

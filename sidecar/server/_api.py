@@ -1,9 +1,10 @@
 """The HTTP/1.1 + JSON API on the Unix socket, generated from the operator table.
 
 Errors are ``application/problem+json`` bodies: malformed JSON or HTTP 400, a
-browser (``Origin``/``Referer``) 403, unknown capability or route 404, wrong
-method 405, a body over the limit 413, invalid parameters 422 (with pydantic's
-error list), draining 503.
+browser (``Origin``/``Referer``) 403, unknown capability, agent, topology or
+route 404, wrong method 405, a body over the limit 413, invalid parameters 422
+(with pydantic's error list), an agent that does not resolve or an invalid
+topology 422 (with every problem), draining 503.
 
 The HTTP layer is ``_http.py`` (httptools on an asyncio Protocol); this module
 routes a parsed request to its table row and renders the row's reply.
@@ -31,9 +32,9 @@ from capd.recovery import (
     UnknownJob,
     UnknownTool,
 )
-from capd.registry import CapdError, UnknownCapability
+from capd.registry import CapdError, InvalidTopology, UnknownCapability, UnknownTopology
 
-from .._errors import BadRequest, Draining, InvalidParams
+from .._errors import BadRequest, Draining, InvalidParams, UnknownAgent, UnresolvedAgent
 from .._table import COMMANDS, OperatorCommand
 from ._consent import UnknownGrant
 from ._handlers import HANDLERS
@@ -121,6 +122,16 @@ def _problem_for(exc: Exception, path: str) -> HttpResponse:
             return problem(404, "Unknown Capability", str(exc), suggestions=exc.suggestions)
         case UnknownTool():
             return problem(404, "Unknown Tool", str(exc))
+        case UnknownAgent():
+            return problem(404, "Unknown Agent", str(exc), suggestions=exc.suggestions)
+        case UnresolvedAgent():
+            return problem(422, "Unresolved Agent", str(exc), agent=exc.agent,
+                           unresolved=exc.problems)
+        case UnknownTopology():
+            return problem(404, "Unknown Topology", str(exc), suggestions=exc.suggestions)
+        case InvalidTopology():
+            return problem(422, "Invalid Topology", str(exc), topology=exc.topology_id,
+                           problems=exc.problems)
         case Draining():
             return problem(503, "Draining", str(exc))
         case UnknownJob():

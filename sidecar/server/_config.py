@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import tomllib
 from collections.abc import Mapping
@@ -25,12 +26,16 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from capd.recovery import BackoffPolicy, default_state_dir
 from capd.registry import (
+    AgentSpec,
     BuildConfig,
     ConfigError,
     DeclarationError,
+    InjectionSpec,
     TemplateError,
     ToolSpec,
+    TopologySet,
     describe_validation_error,
+    load_topologies,
     parse_tool,
     render_vars,
 )
@@ -40,6 +45,9 @@ ENV_PREFIX = "CAPD_"
 # CAPD_* variables read by something other than the settings: the config path
 # (sidecar/_paths.py) and the test suite's knobs (tests/test_crash.py, test_schema.py).
 _ENV_READ_ELSEWHERE = frozenset({"CAPD_CONFIG", "CAPD_CRASH_KILLS", "CAPD_UPDATE_GOLDEN"})
+
+# An agent's name is a URL path segment (/agents/NAME) and part of an MCP server's name.
+_AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
 class SeedSpec(BaseModel):
@@ -175,6 +183,18 @@ class CapdConfig(BaseSettings):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     peers: list[PeerConfig] = Field(default_factory=list)
+    agents: dict[str, AgentSpec] = Field(
+        default_factory=dict, description="[agents.NAME]: what each agent may use, explicitly.")
+    injections: list[InjectionSpec] = Field(
+        default_factory=list, description="[[injections]]: capabilities the context adds.")
+
+    @model_validator(mode="after")
+    def _agent_names(self) -> CapdConfig:
+        for name in self.agents:
+            if not _AGENT_NAME.match(name):
+                raise ValueError(f"[agents.{name}]: an agent's name is a letter, then letters, "
+                                 "digits, '_' or '-'")
+        return self
 
     @model_validator(mode="after")
     def _peers_name_profiles(self) -> CapdConfig:
@@ -288,6 +308,24 @@ class LoadedConfig:
                                   f"{path}: {exc.strerror or exc}") from exc
             made.append(path)
         return made
+
+    @property
+    def agents(self) -> dict[str, AgentSpec]:
+        """``[agents.NAME]`` by name."""
+        return self.config.agents
+
+    @property
+    def injections(self) -> list[InjectionSpec]:
+        """``[[injections]]``, in order."""
+        return self.config.injections
+
+    def topologies(self) -> TopologySet:
+        """The ``[[topology]]`` tables of the declaration files, read now (blocking).
+
+        Never raises: what cannot be read is an error of the set.
+        """
+        return load_topologies((self.resolve(p) for p in self.config.declarations),
+                               label_root=self.dir)
 
     def backoff(self) -> BackoffPolicy:
         """The retry back-off from the config."""

@@ -170,6 +170,7 @@ class Daemon:
         loaded = await asyncio.to_thread(load_config, self.loaded.path)
         registry = await build(loaded.build_config(), executor=self.user_executor,
                                upstreams=self.upstreams)
+        await asyncio.to_thread(registry.prepare_search, loaded.state_dir() / "search")
         # A hook name that no longer resolves fails the reload; the old policy stays.
         self._next_policy = self._make_policy(loaded, registry)
         self.loaded = loaded
@@ -311,6 +312,8 @@ class Daemon:
         # Phase 2: build the registry (probes run concurrently).
         registry = await build(self.loaded.build_config(), executor=self.user_executor,
                                upstreams=self.upstreams)
+        # the search index (capsule vectors cached in the state dir) off the loop
+        await asyncio.to_thread(registry.prepare_search, self.loaded.state_dir() / "search")
         self.policy = self._make_policy(self.loaded, registry)
         self.registry = registry
         counts = self.registry.snapshot().counts

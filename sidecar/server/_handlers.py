@@ -15,6 +15,15 @@ from capd.registry import Capability, UnknownCapability, success_boost
 
 from .._errors import BadRequest
 from .._views import capsule, disabled_view, manifest
+from ._agent_handlers import (
+    agent_resolve,
+    agent_show,
+    agents_list,
+    topologies_list,
+    topology_expand,
+    topology_show,
+    topology_validate,
+)
 from ._json import Unencodable, dumps
 from ._services import ConsentBook, Context, Reply, Services
 
@@ -209,7 +218,8 @@ def _int(ctx: Context, name: str, default: int) -> int:
 
 
 async def search(ctx: Context) -> Reply:
-    """BM25 search over capsules; disabled ones only when asked, with why."""
+    """Hybrid (BM25 + semantic) search over capsules, with a confidence; disabled ones only
+    when asked, with why; ``explain=true`` says which terms and neighbours matched."""
     d = ctx.services
     registry = d.registry
     query = ctx.query.get("q", "")
@@ -218,6 +228,7 @@ async def search(ctx: Context) -> Reply:
         raise BadRequest("search needs a query (q=...) or a tag")
     k = max(1, min(_int(ctx, "k", 5), 100))
     include_disabled = _flag(ctx, "include_disabled")
+    explain = _flag(ctx, "explain")
     latency = ctx.query.get("latency_class") or None
     if latency not in (None, "inner", "outer", "both"):
         raise BadRequest("latency_class must be inner, outer or both")
@@ -229,19 +240,24 @@ async def search(ctx: Context) -> Reply:
             return False
         return seen(registry.get(name))
 
-    hits = registry.search_index().search(
+    ranking = registry.search_index().rank(
         query, k=k, tags=tags, latency_class=latency, allowed=allowed,
-        boost=success_boost(d.gateway.stats.by_status))
+        boost=success_boost(d.gateway.stats.by_status), explain=explain)
     snap = registry.snapshot() if include_disabled else None
     results = []
-    for hit in hits:
+    for hit in ranking.hits:
         item: dict[str, Any] = {**capsule(hit.capability, live=hit.capability.name in live),
                                 "score": None if hit.exact else round(hit.score, 4),
                                 "exact": hit.exact}
         if snap is not None and hit.capability.name in snap.disabled:
             item["disabled"] = disabled_view(snap.disabled[hit.capability.name], snap)
+        if hit.explanation is not None:
+            item["explain"] = {"terms": list(hit.explanation.terms),
+                               "neighbours": list(hit.explanation.neighbours),
+                               "lexical": hit.explanation.lexical,
+                               "semantic": hit.explanation.semantic}
         results.append(item)
-    return Reply(200, {"query": query, "results": results})
+    return Reply(200, {"query": query, "confidence": ranking.confidence, "results": results})
 
 
 async def show(ctx: Context) -> Reply:
@@ -591,6 +607,9 @@ async def sessions_reset(ctx: Context) -> Reply:
 Handler = Callable[[Context], Awaitable[Reply]]
 
 HANDLERS: dict[str, Handler] = {
+    "agent_resolve": agent_resolve,
+    "agent_show": agent_show,
+    "agents_list": agents_list,
     "call": call,
     "consent_grant": consent_grant,
     "consent_list": consent_list,
@@ -615,5 +634,9 @@ HANDLERS: dict[str, Handler] = {
     "sessions_reset": sessions_reset,
     "show": show,
     "status": status,
+    "topologies_list": topologies_list,
+    "topology_expand": topology_expand,
+    "topology_show": topology_show,
+    "topology_validate": topology_validate,
 }
 """Every handler by the name an operator-table row gives (a test checks each row has one)."""

@@ -22,7 +22,7 @@ from capd.recovery import (
     RetryQueue,
     ToolRecheck,
 )
-from capd.registry import Capability, Registry
+from capd.registry import AgentSpec, Capability, InjectionSpec, Registry, TopologySet
 
 State = Literal["starting", "ready", "draining", "stopped"]
 
@@ -193,6 +193,19 @@ class PolicyView(Protocol):
     def decisions(self) -> Mapping[tuple[str, str], int]: ...
 
 
+class AgentDeclarations(Protocol):
+    """What the agent and topology rows read: capd.toml's agents and run-time injections
+    as the serving registry's (re)load read them, and the declared topologies."""
+
+    @property
+    def agents(self) -> Mapping[str, AgentSpec]: ...
+    @property
+    def injections(self) -> Sequence[InjectionSpec]: ...
+    def topologies(self) -> TopologySet:
+        """Read the ``[[topology]]`` tables of the declaration files now; blocking."""
+        ...
+
+
 class MetricsText(Protocol):
     """The Prometheus exposition."""
 
@@ -220,6 +233,8 @@ class Services(Protocol):
     def health_pending_age_s(self) -> float: ...
     @property
     def registry(self) -> Registry: ...
+    @property
+    def loaded(self) -> AgentDeclarations: ...
     @property
     def gateway(self) -> Dispatcher: ...
     @property

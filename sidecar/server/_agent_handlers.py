@@ -1,0 +1,227 @@
+"""What the agent and topology rows do inside the daemon. Rows in ``_table`` point here.
+
+Agents and injections come from capd.toml as the serving registry's (re)load read
+it; topologies are read from the declaration files when a topology row runs (off
+the event loop), so ``capd topology validate`` checks the files as they are now.
+
+A caller bound to a profile sees an agent only when everything it resolves to is
+inside that profile; any other agent is, to that caller, as if it were not
+declared (the way a hidden capability is unknown to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from capd.registry import (
+    AgentSpec,
+    InvalidTopology,
+    Topology,
+    TopologySet,
+    expand_topology,
+    parse_count_overrides,
+    select_capabilities,
+    validate_topology,
+)
+
+from .._errors import BadRequest, UnresolvedAgent
+from .._table import AGENT_FORMATS
+from ._agents import (
+    AgentResolution,
+    BridgeLaunch,
+    capd_command,
+    claude_config,
+    codex_config,
+    find_agent,
+    parse_context,
+    resolve_agent,
+)
+from ._services import Context, Reply
+
+TOML = "application/toml"
+
+
+def _resolve(ctx: Context, name: str, context: Mapping[str, str],
+             agents: Mapping[str, AgentSpec] | None = None) -> AgentResolution:
+    """Resolve ``name`` for this caller; raises UnknownAgent or UnresolvedAgent."""
+    d = ctx.services
+    return resolve_agent(
+        name, agents=d.loaded.agents if agents is None else agents,
+        injections=d.loaded.injections, registry=d.registry, context=context,
+        bridge=BridgeLaunch(capd_command(), d.socket_path))
+
+
+def _agents(ctx: Context) -> Mapping[str, AgentSpec]:
+    """The agents this caller may see: all of them, unless it is bound to a profile."""
+    d = ctx.services
+    agents = d.loaded.agents
+    if not d.policy.bound(ctx.caller):
+        return agents
+    registry = d.registry
+    seen = {}
+    for name, spec in agents.items():
+        try:
+            resolution = _resolve(ctx, name, {}, agents)
+        except UnresolvedAgent:
+            continue
+        if all(d.policy.visible(ctx.caller, registry.get(n)) for n in resolution.capabilities):
+            seen[name] = spec
+    return seen
+
+
+def _context(ctx: Context) -> dict[str, str]:
+    try:
+        return parse_context(ctx.query.get("context"))
+    except ValueError as exc:
+        raise BadRequest(f"context: {exc}") from exc
+
+
+def _injections_view(ctx: Context) -> list[dict[str, Any]]:
+    return [{"injection": index, "when": i.when, "add": list(i.add), "why": i.why}
+            for index, i in enumerate(ctx.services.loaded.injections)]
+
+
+async def agents_list(ctx: Context) -> Reply:
+    """The declared agents, with their entries, and the run-time injections."""
+    agents = _agents(ctx)
+    return Reply(200, {
+        "agents": [{"agent": name, "description": spec.description,
+                    "capabilities": list(spec.capabilities)}
+                   for name, spec in sorted(agents.items())],
+        "injections": _injections_view(ctx)})
+
+
+async def agent_show(ctx: Context) -> Reply:
+    """One agent: its entries and what each selects now, and the injections that may add more."""
+    name = ctx.path["agent"]
+    spec = find_agent(name, _agents(ctx))
+    registry = ctx.services.registry
+    expansion = [select_capabilities(registry, entry) for entry in spec.capabilities]
+    return Reply(200, {
+        "agent": name, "description": spec.description,
+        "capabilities": list(spec.capabilities),
+        "expansion": [s.as_dict() for s in expansion],
+        "resolves": all(s.problem is None for s in expansion),
+        "injections": _injections_view(ctx)})
+
+
+async def agent_resolve(ctx: Context) -> Reply:
+    """The MCP servers an agent's runtime needs in a context: json, claude or codex."""
+    form = ctx.query.get("format") or "json"
+    if form not in AGENT_FORMATS:
+        raise BadRequest(f"format must be {', '.join(AGENT_FORMATS)}, not {form!r}")
+    name = ctx.path["agent"]
+    agents = _agents(ctx)
+    find_agent(name, agents)
+    resolution = _resolve(ctx, name, _context(ctx), agents)
+    if form == "claude":
+        return Reply(200, claude_config(resolution))
+    if form == "codex":
+        return Reply(200, codex_config(resolution).encode(), content_type=TOML)
+    return Reply(200, resolution.as_json())
+
+
+# -------------------------------------------------------------------- topologies
+
+
+async def _topologies(ctx: Context) -> TopologySet:
+    return await asyncio.to_thread(ctx.services.loaded.topologies)
+
+
+def _problems(ctx: Context, topology: Topology, agents: Mapping[str, AgentSpec]) -> list[str]:
+    """What validation finds, and each declared agent of a role that does not resolve."""
+    problems = validate_topology(topology, agents)
+    for agent in dict.fromkeys(r.agent for r in topology.roles if r.agent in agents):
+        try:
+            _resolve(ctx, agent, {}, agents)
+        except UnresolvedAgent as exc:
+            roles = ", ".join(repr(r.id) for r in topology.roles if r.agent == agent)
+            problems.append(f"role {roles} uses agent {agent!r}, which cannot be resolved: "
+                            + "; ".join(p["detail"] for p in exc.problems))
+    return problems
+
+
+async def topologies_list(ctx: Context) -> Reply:
+    """Every declared topology, briefly, and the tables that could not be read."""
+    found = await _topologies(ctx)
+    return Reply(200, {
+        "topologies": [{"id": t.id, "title": t.title, "summary": t.summary,
+                        "roles": [r.id for r in t.roles],
+                        "instances": sum(max(r.count, 0) for r in t.roles),
+                        "source": t.source}
+                       for _, t in sorted(found.topologies.items())],
+        "errors": [e.as_dict() for e in found.errors]})
+
+
+async def topology_show(ctx: Context) -> Reply:
+    """One topology as declared, with the problems validation finds in it."""
+    found = await _topologies(ctx)
+    topology = found.get(ctx.path["topology"])
+    return Reply(200, {**topology.model_dump(mode="json"),
+                       "problems": _problems(ctx, topology, _agents(ctx))})
+
+
+async def topology_validate(ctx: Context) -> Reply:
+    """Check one topology (``id``) or all of them; 422 with the report when any is unsound."""
+    found = await _topologies(ctx)
+    agents = _agents(ctx)
+    wanted = ctx.query.get("id") or None
+    checked: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    if wanted is not None:
+        try:
+            topologies = [found.get(wanted)]
+        except InvalidTopology as exc:  # its table did not load: say why
+            topologies = []
+            checked.append({"id": wanted, "ok": False, "problems": exc.problems})
+    else:
+        topologies = [t for _, t in sorted(found.topologies.items())]
+        broken = {id(e) for e in found.broken.values()}
+        checked += [{"id": topology_id, "ok": False, "problems": [str(error)]}
+                    for topology_id, error in sorted(found.broken.items())]
+        errors = [e.as_dict() for e in found.errors if id(e) not in broken]
+    for topology in topologies:
+        problems = _problems(ctx, topology, agents)
+        checked.append({"id": topology.id, "ok": not problems, "problems": problems})
+    checked.sort(key=lambda c: str(c["id"]))
+    ok = not errors and all(c["ok"] for c in checked)
+    return Reply(200 if ok else 422, {"ok": ok, "topologies": checked, "errors": errors})
+
+
+async def topology_expand(ctx: Context) -> Reply:
+    """Materialise a topology's instances (``set=role.count=N,...``), each with its agent's
+    resolved config (in ``context=k=v,...``); refuse an unsound topology."""
+    try:
+        counts = parse_count_overrides(
+            item for item in (ctx.query.get("set") or "").split(",") if item.strip())
+    except ValueError as exc:
+        raise BadRequest(f"set: {exc}") from exc
+    context = _context(ctx)
+    found = await _topologies(ctx)
+    agents = _agents(ctx)
+    expansion = expand_topology(found.get(ctx.path["topology"]), agents, counts)
+    topology = expansion.topology
+    resolved = {agent: _resolve(ctx, agent, context, agents)
+                for agent in dict.fromkeys(i.agent for i in expansion.instances)}
+    roles = {r.id: r for r in topology.roles}
+    return Reply(200, {
+        "topology": topology.id, "title": topology.title, "summary": topology.summary,
+        "required_evidence": list(topology.required_evidence), "source": topology.source,
+        "context": context,
+        "counts": {r.id: r.count for r in topology.roles},
+        "roles": [{"id": r.id, "title": r.title, "agent": r.agent, "count": r.count,
+                   "instances": list(expansion.instances_of([r.id]))} for r in topology.roles],
+        "instances": [{"id": i.id, "role": i.role, "index": i.index, "agent": i.agent,
+                       "title": roles[i.role].title,
+                       "responsibilities": list(roles[i.role].responsibilities),
+                       "capabilities": list(resolved[i.agent].capabilities),
+                       "servers": dict(resolved[i.agent].servers)}
+                      for i in expansion.instances],
+        "groups": {g: list(members) for g, members in expansion.groups.items()},
+        "phases": [{"id": p.id, "roles": list(p.roles), "instances": list(p.instances),
+                    "fanout": list(p.fanout), "fanin": list(p.fanin)}
+                   for p in expansion.phases],
+        "agents": {agent: r.as_json() for agent, r in resolved.items()},
+    })
