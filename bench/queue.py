@@ -1,13 +1,30 @@
-"""Durable queue figures beside plain sqlite3 (WAL + synchronous=FULL, one transaction per job).
+"""capd's durable queue beside huey, persist-queue, litequeue and plain sqlite3, all fsyncing.
 
-Prints, for 1, 8 and 64 concurrent producers: enqueue-acknowledge latency p50/p99
-and throughput (every acknowledged job is committed); the full
-enqueue → claim → complete cycle throughput; how long after a restart
-orphaned leases are back to pending; and how late the sweep picks up a job
-after its due time. Files live in a temporary folder on the same disk as the
-repository.
+Every queue runs in this process, pinned to the bench core (see _harness.py),
+on SQLite in WAL mode at ``synchronous=FULL`` (set where the library does not,
+then read back from the library's own connection and printed), its file in a
+fresh temporary folder on the repository's disk.
 
-    python bench/queue.py [--jobs 4000]
+Figures, in interleaved rounds (each queue once per round, rounds repeated),
+median with min-max over rounds:
+
+- the disk's floor: capd's schema and INSERT, 1, 8 and 64 rows per COMMIT in a
+  tight loop, no Python between commits: no queue acknowledging jobs that each
+  wait for their own commit can beat it;
+- enqueue acknowledged (committed) with 1, 8 and 64 concurrent producers:
+  throughput and ack latency p50/p99. capd's producers are coroutines (one
+  group-committing writer); the others' are threads, as their APIs are
+  synchronous. The plain-sqlite3 baseline is one serialized writer thread,
+  one transaction per job, that the producer threads hand their jobs to;
+- the enqueue → claim → complete cycle batch for batch: B jobs enqueued, B
+  claimed, B completed, repeated, for B = 1, 8 and 64, each queue using the
+  batching its API offers (capd: B concurrent calls group-committed; plain
+  sqlite3: one transaction per step; litequeue: put and done inside its
+  ``transaction()``; huey and persist-queue: none, one commit per call);
+- capd only: orphaned leases back to pending after a restart, and how late the
+  sweep picks up a job after its due time.
+
+    python bench/queue.py [--jobs 1024] [--rounds 3] [--results FILE]
 """
 
 from __future__ import annotations
@@ -23,24 +40,32 @@ sys.path.insert(0, str(_HERE.parent))
 
 import argparse
 import asyncio
+import json
 import os
 import queue
+import shutil
 import sqlite3
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+import structlog
 import uvloop
 from pydantic import BaseModel
 
+from bench._harness import REPO, SERVER_CPUS, Results, pin, spread
+from bench._queues import LINE, PEERS, SYNC_NAMES, Huey, LiteQueue, PersistQueue, PlainSqlite
+from bench._servers import installed
 from capd.recovery import EnqueueRequest, Rechecker, RetryQueue, RetrySweep
 from capd.recovery._queue_file import MIGRATIONS
 from capd.registry import Capability, Registry
 
 
 def request(n: int) -> EnqueueRequest:
-    return EnqueueRequest(capability="bench.write", params={"n": n, "line": "x" * 64},
+    return EnqueueRequest(capability="bench.write", params={"n": n, "line": LINE},
                           policy="replay", timeout_s=5.0, first_sent_at=time.time())
 
 
@@ -49,73 +74,93 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
+CAPD = "capd RetryQueue"
+
+
+def thread_enqueue(make: Callable[[], Any], producers: int, jobs: int
+                   ) -> tuple[float, list[float]]:
+    """``producers`` threads each enqueue jobs // producers; (jobs/s, ack latencies)."""
+    target = make()
+    latencies: list[float] = []
+    lock = threading.Lock()
+    per = jobs // producers
+    gate = threading.Barrier(producers + 1)
+
+    def producer(offset: int) -> None:
+        mine = []
+        gate.wait()
+        for i in range(per):
+            started = time.perf_counter()
+            target.enqueue(offset + i)
+            mine.append(time.perf_counter() - started)
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=producer, args=(p * per,)) for p in range(producers)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    target.close()
+    return per * producers / elapsed, latencies
+
+
 async def capd_enqueue(path: Path, producers: int, jobs: int) -> tuple[float, list[float]]:
-    queue = await RetryQueue.open(path)
+    q = await RetryQueue.open(path)
     latencies: list[float] = []
     per = jobs // producers
 
     async def producer(offset: int) -> None:
         for i in range(per):
             started = time.perf_counter()
-            await queue.enqueue(request(offset + i))
+            await q.enqueue(request(offset + i))
             latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
     await asyncio.gather(*(producer(p * per) for p in range(producers)))
     elapsed = time.perf_counter() - started
-    await queue.close()
+    await q.close()
     return per * producers / elapsed, latencies
 
 
-def sqlite_enqueue(path: Path, producers: int, jobs: int) -> tuple[float, list[float]]:
-    """The baseline: each producer thread commits one transaction per job."""
-    setup = sqlite3.connect(path)
-    setup.execute("PRAGMA journal_mode = WAL")
-    setup.execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, params TEXT)")
-    setup.close()
-    latencies: list[float] = []
-    lock = threading.Lock()
-    per = jobs // producers
-
-    def producer() -> None:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=30)
-        conn.execute("PRAGMA synchronous = FULL")
-        mine = []
-        for _ in range(per):
-            started = time.perf_counter()
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO jobs (params) VALUES (?)", ('{"line": "' + "x" * 64 + '"}',))
-            conn.execute("COMMIT")
-            mine.append(time.perf_counter() - started)
-        conn.close()
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=producer) for _ in range(producers)]
+async def capd_cycle(path: Path, batch: int, jobs: int) -> tuple[float, float]:
+    """(jobs/s, commits per batch) of enqueue → claim → complete, ``batch`` jobs at a time."""
+    q = await RetryQueue.open(path)
+    before = q.batches
     started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return per * producers / (time.perf_counter() - started), latencies
+    for first in range(0, jobs, batch):
+        await asyncio.gather(*(q.enqueue(request(first + i)) for i in range(batch)))
+        claimed = await q.claim_due(batch)
+        assert len(claimed) == batch
+        await asyncio.gather(*(q.complete(j) for j in claimed))
+    elapsed = time.perf_counter() - started
+    commits = (q.batches - before) / (jobs // batch)
+    await q.close()
+    return jobs / elapsed, commits
 
 
-def commit_floor(path: Path, rows_per_commit: int, seconds: float = 2.0
+async def capd_pragmas(path: Path) -> str:
+    q = await RetryQueue.open(path)
+    rows = [await q._store.read(f"PRAGMA {name}") for name in ("journal_mode", "synchronous")]
+    await q.close()
+    return f"journal_mode={rows[0][0][0]} synchronous={SYNC_NAMES.get(rows[1][0][0])}"
+
+
+def commit_floor(path: Path, rows_per_commit: int, seconds: float = 1.0
                  ) -> tuple[float, float]:
     """What the disk allows: capd's own schema and INSERT, ``rows_per_commit`` rows per
     WAL+FULL COMMIT, in a tight loop with no Python between commits and no thread hop.
 
-    Returns (rows/s, commit p50 seconds). No queue on this disk can acknowledge
-    jobs from N producers that each wait for their commit faster than this.
+    Returns (rows/s, commit p50 seconds).
     """
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")
     conn.executescript(MIGRATIONS[1])
-    insert = ("INSERT INTO jobs (id, capability, params, policy, state, attempts, max_attempts,"
-              " next_run_at, fence, boot_id, first_sent_at, timeout_s, created_at, updated_at)"
-              " VALUES (?, 'bench.write', ?, 'replay', 'pending', 0, 8, ?, 0, 'b', ?, 5, ?, ?)")
-    params = '{"line":"' + "x" * 64 + '","n":1}'
+    params = json.dumps({"line": LINE, "n": 1})
     n = 0
     commits: list[float] = []
     deadline = time.perf_counter() + seconds
@@ -125,7 +170,7 @@ def commit_floor(path: Path, rows_per_commit: int, seconds: float = 2.0
                 for i in range(rows_per_commit)]
         started = time.perf_counter()
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(insert, rows)
+        conn.executemany(PlainSqlite.insert, rows)
         conn.execute("COMMIT")
         commits.append(time.perf_counter() - started)
         n += rows_per_commit
@@ -156,42 +201,6 @@ async def thread_round_trip(samples: int = 3000) -> float:
     return statistics.median(times)
 
 
-async def capd_cycle(path: Path, jobs: int) -> float:
-    queue = await RetryQueue.open(path)
-    started = time.perf_counter()
-    await asyncio.gather(*(queue.enqueue(request(i)) for i in range(jobs)))
-    done = 0
-    while done < jobs:
-        batch = await queue.claim_due(256)
-        await asyncio.gather(*(queue.complete(j) for j in batch))
-        done += len(batch)
-    elapsed = time.perf_counter() - started
-    await queue.close()
-    return jobs / elapsed
-
-
-def sqlite_cycle(path: Path, jobs: int) -> float:
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT, params TEXT)")
-    started = time.perf_counter()
-    for _ in range(jobs):
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO jobs (state, params) VALUES ('pending', '{}')")
-        conn.execute("COMMIT")
-    for _ in range(jobs):
-        conn.execute("BEGIN IMMEDIATE")
-        row = conn.execute("UPDATE jobs SET state = 'leased' WHERE id = (SELECT id FROM jobs"
-                           " WHERE state = 'pending' LIMIT 1) RETURNING id").fetchone()
-        conn.execute("COMMIT")
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("UPDATE jobs SET state = 'done' WHERE id = ?", (row[0],))
-        conn.execute("COMMIT")
-    conn.close()
-    return jobs / (time.perf_counter() - started)
-
-
 async def orphan_recovery(path: Path, jobs: int) -> float:
     old = await RetryQueue.open(path, boot_id="old")
     await asyncio.gather(*(old.enqueue(request(i)) for i in range(jobs)))
@@ -208,7 +217,7 @@ async def orphan_recovery(path: Path, jobs: int) -> float:
 
 async def pickup_lateness(path: Path, samples: int) -> list[float]:
     sweep: RetrySweep | None = None
-    queue = await RetryQueue.open(path, on_enqueue=lambda: sweep.wake() if sweep else None)
+    q = await RetryQueue.open(path, on_enqueue=lambda: sweep.wake() if sweep else None)
     seen: dict[int, float] = {}
 
     class P(BaseModel):
@@ -220,69 +229,196 @@ async def pickup_lateness(path: Path, samples: int) -> list[float]:
 
     registry = Registry([Capability(name="bench.write", summary="w", parameters=P, func=write,
                                     mutates_state=True, retry_policy="replay")], {}, {})
-    sweep = RetrySweep(queue, lambda: registry, Rechecker(lambda: registry))
+    sweep = RetrySweep(q, lambda: registry, Rechecker(lambda: registry))
     stop = asyncio.Event()
     task = asyncio.create_task(sweep.run(stop))
     due: dict[int, float] = {}
     for n in range(samples):
         at = time.time() + 0.2 + (n % 5) * 0.1
         due[n] = at
-        await queue.enqueue(EnqueueRequest(capability="bench.write", params={"n": n, "line": ""},
-                                           policy="replay", timeout_s=1, first_sent_at=0,
-                                           run_at=at))
+        await q.enqueue(EnqueueRequest(capability="bench.write", params={"n": n, "line": ""},
+                                       policy="replay", timeout_s=1, first_sent_at=0,
+                                       run_at=at))
         await asyncio.sleep(0.05)
     async with asyncio.timeout(30):
         while len(seen) < samples:
             await asyncio.sleep(0.05)
     stop.set()
     await task
-    await queue.close()
+    await q.close()
     return [seen[n] - due[n] for n in range(samples)]
+
+
+def scratch_root() -> Path:
+    """A folder on the repository's disk: /tmp when it is the same device, else the repo."""
+    tmp = Path(tempfile.gettempdir())
+    base = tmp if tmp.stat().st_dev == REPO.stat().st_dev else REPO
+    return Path(tempfile.mkdtemp(prefix="capd-qbench-", dir=base))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument("--jobs", type=int, default=1024, help="jobs per figure (per round)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--results", type=Path, default=None)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="capd-qbench-", dir=Path(__file__).resolve().parent.parent))
-    print(f"queue bench, {os.cpu_count()} cores, {args.jobs} jobs per figure, files in {root}")
-    print("baseline: plain sqlite3, WAL + synchronous=FULL, one transaction per job")
-    print(f"{'producers':>9}  {'capd jobs/s':>11} {'p50 ms':>7} {'p99 ms':>7}   "
-          f"{'sqlite3 jobs/s':>14} {'p50 ms':>7} {'p99 ms':>7}   ratio")
+    # capd's queue logs each migration and replay at info: keep the table readable.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    pin(SERVER_CPUS)  # every queue and its threads on the bench core, as the servers are
+    jobs = max(64, args.jobs // 64 * 64)
+    results = Results(args.results)
+    root = scratch_root()
+    peers = [(label, cls) for label, cls in PEERS if installed(label)]
+    missing = [label for label, _ in PEERS if not installed(label)]
+    counter = 0
+
+    def fresh() -> Path:
+        nonlocal counter
+        counter += 1
+        folder = root / f"run{counter}"
+        folder.mkdir()
+        return folder
+
+    def discard(folder: Path) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+    queues: list[tuple[str, Any]] = [(PlainSqlite.name, PlainSqlite)] + [
+        (cls.name, cls) for _, cls in peers]
     try:
-        rates = {}
-        for producers in (1, 8, 64):
-            jobs = args.jobs if producers > 1 else min(args.jobs, 1500)
-            rate, lat = uvloop.run(capd_enqueue(root / f"capd-{producers}.db", producers, jobs))
-            base, blat = sqlite_enqueue(root / f"base-{producers}.db", producers, jobs)
-            rates[producers] = (rate, pct(lat, .5))
-            print(f"{producers:>9}  {rate:>11.0f} {pct(lat, .5) * 1e3:>7.2f}"
-                  f" {pct(lat, .99) * 1e3:>7.2f}"
-                  f"   {base:>14.0f} {pct(blat, .5)*1e3:>7.2f} {pct(blat, .99)*1e3:>7.2f}"
-                  f"   {rate / base:5.1f}x")
-        floor_rate, floor_commit = commit_floor(root / "floor.db", 8)
+        print(f"queue bench, {os.cpu_count()} cores, {jobs} jobs per figure, {args.rounds} "
+              f"interleaved rounds, files under {root}")
+        if missing:
+            print(f"not installed, skipped: {', '.join(missing)} (pip install -e '.[bench]')")
+        print("pragmas read back from each library's own connection:")
+        folder = fresh()
+        print(f"  {CAPD:<40} {uvloop.run(capd_pragmas(folder / 'capd.db'))}")
+        discard(folder)
+        for name, cls in queues:
+            folder = fresh()
+            target = cls(folder)
+            default = getattr(target, "default", None)
+            print(f"  {name:<40} {target.pragmas()}"
+                  + (f" (library default: {default}; raised)" if default else ""))
+            target.close()
+            discard(folder)
+
+        # ---- the disk's floor
+        floors: dict[int, list[tuple[float, float]]] = {}
+        for _ in range(args.rounds):
+            for rows in (1, 8, 64):
+                folder = fresh()
+                floors.setdefault(rows, []).append(commit_floor(folder / "floor.db", rows))
+                discard(folder)
+        print("the disk's floor (capd's schema, sqlite3 alone, no Python between commits):")
+        for rows, got in floors.items():
+            median, lo, hi = spread([r for r, _ in got])
+            commit = statistics.median(c for _, c in got)
+            print(f"  {rows:>2} rows per commit: {median:>8.0f} rows/s ({lo:.0f}-{hi:.0f}), "
+                  f"commit p50 {commit * 1e3:.2f} ms")
+            results.add("queue floor", f"{rows} row{'s' * (rows > 1)} per FULL commit",
+                        [r for r, _ in got], "rows/s", note=f"commit p50 {commit * 1e3:.2f} ms")
         hop = uvloop.run(thread_round_trip())
-        rate8, p50_8 = rates[8]
-        print(f"floor for 8 producers on this disk: sqlite3 alone, 8 rows per FULL commit, "
-              f"no Python between commits: {floor_rate:.0f} rows/s (commit p50 "
-              f"{floor_commit * 1e3:.2f} ms); event loop ↔ thread round trip p50 "
-              f"{hop * 1e3:.3f} ms")
-        print(f"capd with 8 producers: {rate8 / floor_rate:.2f} of the floor's throughput; "
-              f"ack p50 {p50_8 * 1e3:.2f} ms against commit + round trip "
-              f"{(floor_commit + hop) * 1e3:.2f} ms")
-        cycle = uvloop.run(capd_cycle(root / "cycle.db", args.jobs))
-        base_cycle = sqlite_cycle(root / "cycle-base.db", min(args.jobs, 1500))
-        print(f"enqueue→claim→complete: capd {cycle:.0f} jobs/s, sqlite3 one txn per step "
-              f"{base_cycle:.0f} jobs/s, ratio {cycle / base_cycle:.1f}x")
-        orphan = uvloop.run(orphan_recovery(root / "orphan.db", 1000))
-        print(f"orphaned leases (1000 jobs) back to pending {orphan * 1e3:.1f} ms after reopen")
-        late = uvloop.run(pickup_lateness(root / "late.db", 40))
-        print(f"sweep pick-up after due time: p50 {statistics.median(late)*1e3:.1f} ms, "
-              f"max {max(late)*1e3:.1f} ms (40 jobs)")
+
+        # ---- enqueue acknowledged
+        enq: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
+        for _ in range(args.rounds):
+            for producers in (1, 8, 64):
+                folder = fresh()
+                enq.setdefault((CAPD, producers), []).append(
+                    uvloop.run(capd_enqueue(folder / "capd.db", producers, jobs)))
+                discard(folder)
+                for name, cls in queues:
+                    folder = fresh()
+                    enq.setdefault((name, producers), []).append(
+                        thread_enqueue(lambda cls=cls, folder=folder: cls(folder), producers,
+                                       jobs))
+                    discard(folder)
+        print("enqueue acknowledged (committed), concurrent producers:")
+        print(f"  {'queue':<40}{'producers':>10}{'jobs/s':>9}{'min-max':>14}{'p50 ms':>8}"
+              f"{'p99 ms':>8}  vs plain sqlite3")
+        for producers in (1, 8, 64):
+            base = [r for r, _ in enq[(PlainSqlite.name, producers)]]
+            floor = [r for r, _ in floors[producers]]
+            capd_rates = [r for r, _ in enq[(CAPD, producers)]]
+            to_floor = statistics.median(capd_rates) / statistics.median(floor)
+            for name in [CAPD] + [n for n, _ in queues]:
+                got = enq[(name, producers)]
+                rates = [r for r, _ in got]
+                median, lo, hi = spread(rates)
+                mid = sorted(got, key=lambda r: r[0])[len(got) // 2][1]
+                ratio = median / statistics.median(base)
+                print(f"  {name:<40}{producers:>10}{median:>9.0f}{f'{lo:.0f}-{hi:.0f}':>14}"
+                      f"{pct(mid, .5) * 1e3:>8.2f}{pct(mid, .99) * 1e3:>8.2f}  {ratio:.2f}x")
+                results.add("queue enqueue", f"{name}, {producers} producers", rates, "jobs/s",
+                            against="" if name == PlainSqlite.name else PlainSqlite.name,
+                            against_values=None if name == PlainSqlite.name else base,
+                            note=f"ack p50 {pct(mid, .5) * 1e3:.2f} ms, "
+                                 f"p99 {pct(mid, .99) * 1e3:.2f} ms"
+                                 + (f"; {to_floor:.2f} of the floor at {producers} rows per "
+                                    "commit" if name == CAPD else ""))
+            print(f"  capd / floor at {producers} rows per commit: {to_floor:.2f}")
+        commit1 = statistics.median(c for _, c in floors[1])
+        capd1 = sorted(enq[(CAPD, 1)], key=lambda r: r[0])[len(enq[(CAPD, 1)]) // 2][1]
+        print(f"  one producer: capd ack p50 {pct(capd1, .5) * 1e3:.2f} ms against one commit "
+              f"+ a loop-thread round trip {(commit1 + hop) * 1e3:.2f} ms")
+
+        # ---- the cycle, batch for batch
+        cyc: dict[tuple[str, int], list[float]] = {}
+        capd_commits: dict[int, list[float]] = {}
+        for _ in range(args.rounds):
+            for batch in (1, 8, 64):
+                folder = fresh()
+                rate, commits = uvloop.run(capd_cycle(folder / "capd.db", batch, jobs))
+                cyc.setdefault((CAPD, batch), []).append(rate)
+                capd_commits.setdefault(batch, []).append(commits)
+                discard(folder)
+                for name, cls in queues:
+                    folder = fresh()
+                    target = cls(folder)
+                    cyc.setdefault((name, batch), []).append(target.cycle(batch, jobs))
+                    target.close()
+                    discard(folder)
+        commits_per_batch = {CAPD: "measured {:.1f}", PlainSqlite.name: "3",
+                             Huey.name: "4B", PersistQueue.name: "3B", LiteQueue.name: "2 + B"}
+        print("enqueue → claim → complete, batch for batch (B jobs per step):")
+        print(f"  {'queue':<40}{'B':>4}{'jobs/s':>9}{'min-max':>14}  commits/batch  "
+              "vs plain sqlite3")
+        for batch in (1, 8, 64):
+            base = cyc[(PlainSqlite.name, batch)]
+            for name in [CAPD] + [n for n, _ in queues]:
+                rates = cyc[(name, batch)]
+                median, lo, hi = spread(rates)
+                commits = commits_per_batch[name].format(statistics.median(
+                    capd_commits[batch]))
+                print(f"  {name:<40}{batch:>4}{median:>9.0f}{f'{lo:.0f}-{hi:.0f}':>14}  "
+                      f"{commits:<13}  {median / statistics.median(base):.2f}x")
+                results.add("queue cycle", f"{name}, B={batch}", rates, "jobs/s",
+                            against="" if name == PlainSqlite.name else PlainSqlite.name,
+                            against_values=None if name == PlainSqlite.name else base,
+                            note=f"commits per batch: {commits}")
+
+        # ---- capd alone
+        orphans = []
+        lateness: list[float] = []
+        for _ in range(args.rounds):
+            folder = fresh()
+            orphans.append(uvloop.run(orphan_recovery(folder / "orphan.db", 1000)))
+            discard(folder)
+        folder = fresh()
+        lateness = uvloop.run(pickup_lateness(folder / "late.db", 40))
+        discard(folder)
+        median, lo, hi = spread(orphans)
+        print(f"orphaned leases (1000 jobs) back to pending {median * 1e3:.1f} ms after reopen "
+              f"({lo * 1e3:.1f}-{hi * 1e3:.1f})")
+        results.add("queue recovery", "1000 orphaned leases back to pending after reopen",
+                    [o * 1e3 for o in orphans], "ms")
+        print(f"sweep pick-up after due time: p50 {statistics.median(lateness) * 1e3:.1f} ms, "
+              f"max {max(lateness) * 1e3:.1f} ms (40 jobs)")
+        results.add("queue recovery", "sweep pick-up after due time, p50 of 40 jobs",
+                    [statistics.median(lateness) * 1e3], "ms",
+                    note=f"max {max(lateness) * 1e3:.1f} ms")
     finally:
-        for file in root.iterdir():
-            file.unlink()
-        root.rmdir()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
