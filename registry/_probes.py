@@ -19,9 +19,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
-from typing import Protocol
-
-import aiohttp
+from typing import TYPE_CHECKING, Protocol
 
 from ._model import (
     CommandProbe,
@@ -35,6 +33,9 @@ from ._model import (
     UnixProbe,
 )
 from ._upstream import Upstream, UpstreamError, UpstreamPool
+
+if TYPE_CHECKING:  # aiohttp is imported when an http tool is probed (it costs ~0.1 s)
+    import aiohttp
 
 Clock = Callable[[], float]
 
@@ -82,6 +83,8 @@ async def _probe_command(spec: CommandProbe) -> None:
 
 async def _probe_http(spec: HttpProbe, session: aiohttp.ClientSession | None) -> None:
     owned = session is None
+    import aiohttp
+
     client = session or aiohttp.ClientSession()
     try:
         async with client.request(spec.method, spec.url, allow_redirects=False) as response:
@@ -175,6 +178,18 @@ async def _probe_mcp(tool: str, spec: McpProbe, upstreams: UpstreamPool | None) 
         raise ProbeFailed(f"MCP server: {exc}") from exc
 
 
+def _connector_error(exc: OSError) -> str | None:
+    """``cannot connect to host:port: reason`` for aiohttp's connector error, else None."""
+    import sys
+
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is None or not isinstance(exc, aiohttp.ClientConnectorError):
+        return None
+    errno = exc.os_error.errno
+    reason = os.strerror(errno) if errno else str(exc.os_error)
+    return f"cannot connect to {exc.host}:{exc.port}: {reason}"
+
+
 async def run_probe(
     tool: str,
     spec: ToolSpec,
@@ -214,12 +229,8 @@ async def run_probe(
         error = f"timed out after {spec.timeout_s:g}s"
     except ProbeFailed as exc:
         error = str(exc)
-    except aiohttp.ClientConnectorError as exc:
-        errno = exc.os_error.errno
-        reason = os.strerror(errno) if errno else str(exc.os_error)
-        error = f"cannot connect to {exc.host}:{exc.port}: {reason}"
-    except OSError as exc:
-        error = f"{type(exc).__name__}: {exc.strerror or exc}"
+    except OSError as exc:  # aiohttp's ClientConnectorError is one too
+        error = _connector_error(exc) or f"{type(exc).__name__}: {exc.strerror or exc}"
     except Exception as exc:  # a probe reports any failure of the tool as data
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return ProbeResult(
@@ -246,6 +257,13 @@ async def probe_all(
     if probe is not None:
         results = await asyncio.gather(*(probe(tool, spec) for tool, spec in specs.items()))
         return {r.tool: r for r in results}
+    if not any(isinstance(s, HttpProbe) for s in specs.values()):
+        results = await asyncio.gather(
+            *(run_probe(tool, spec, executor=executor, upstreams=upstreams)
+              for tool, spec in specs.items()))
+        return {r.tool: r for r in results}
+    import aiohttp
+
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
             *(run_probe(tool, spec, session=session, executor=executor, upstreams=upstreams)
