@@ -140,15 +140,18 @@ def classify_error(cap: Capability, exc: Exception, *, unknown_is_transient: boo
 
 async def call_capability(
     cap: Capability, params: BaseModel, *, unknown_errors_are_transient: bool = False,
-    executor: Executor | None = None,
+    executor: Executor | None = None, timeout_s: float | None = None,
 ) -> CallOutcome:
     """Invoke ``cap`` under its ``timeout_s`` and classify the result. Never raises but on cancel.
 
     ``unknown_errors_are_transient`` is for calls made while the capability's
     tools are known to be down: an untyped failure then means "still down".
+    ``timeout_s`` is a caller's shorter limit for this call; the shorter of it
+    and the capability's own ``timeout_s`` applies.
     """
     threads: list[Future[Any]] = []
-    limit = deadline(cap.timeout_s)
+    limit_s = cap.timeout_s if timeout_s is None else min(timeout_s, cap.timeout_s)
+    limit = deadline(limit_s)
     try:
         async with limit:
             value = await cap.invoke(params, executor=executor, on_thread=threads.append)
@@ -168,7 +171,7 @@ async def call_capability(
             return CallOutcome("transient", error_type="TimeoutError", network_failure=True,
                                message=str(exc) or f"{cap.name}: its tool did not answer in time")
         running = next((t for t in threads if not t.done()), None)
-        message = f"{cap.name} did not finish within {cap.timeout_s:g}s"
+        message = f"{cap.name} did not finish within {limit_s:g}s"
         if running is not None:
             message += "; its thread is still running, so the write may still land"
         return CallOutcome("transient", error_type="timeout", message=message,

@@ -59,6 +59,7 @@ from ._errors import (
 )
 from ._hooks import HookSpec, after_call, before_call
 from ._model import (
+    SAFETY_LEVELS,
     Capability,
     CommandEffect,
     CommandProbe,
@@ -76,6 +77,7 @@ from ._model import (
     ProbeResult,
     PythonProbe,
     RetryPolicy,
+    Safety,
     TcpProbe,
     ToolSpec,
     UnixProbe,
@@ -110,6 +112,7 @@ from ._topology import (
 from ._upstream import Upstream, UpstreamError, UpstreamPool
 
 __all__ = [
+    "SAFETY_LEVELS",
     "AgentSpec",
     "Blocked",
     "BuildConfig",
@@ -150,6 +153,7 @@ __all__ = [
     "RegistryError",
     "RegistrySnapshot",
     "RetryPolicy",
+    "Safety",
     "SearchIndex",
     "Selection",
     "TcpProbe",

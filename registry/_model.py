@@ -30,6 +30,9 @@ from ._template import TemplateError, check_known
 RetryPolicy = Literal["manual", "replay", "verify_first"]
 LatencyClass = Literal["inner", "outer", "both"]
 PartialReplay = Literal["safe", "unsafe"]
+Safety = Literal["read_only", "writes", "destructive", "external_side_effects"]
+SAFETY_LEVELS: tuple[Safety, ...] = ("read_only", "writes", "destructive",
+                                     "external_side_effects")
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$"
 TOOL_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]*$"
@@ -47,6 +50,9 @@ class _ProbeSpec(BaseModel):
     model_config = _FROZEN
     timeout_s: float = Field(5.0, gt=0, le=300, description="Give up on the probe after this long.")
     description: str = ""
+    install_hint: str | None = Field(
+        None, min_length=1, max_length=400,
+        description="How to get the tool, e.g. 'apt install git'; shown where it is missing.")
 
     def template_fields(self) -> dict[str, str]:
         """Return the string fields that may hold ``{var}`` placeholders."""
@@ -273,6 +279,15 @@ EffectSpec = Annotated[
 # ---------------------------------------------------------------------- capability
 
 SUMMARY_MAX_TOKENS = 200
+DESCRIPTION_MAX_TOKENS = 800
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens in ``text`` by the documented estimate: ceil(characters / 4).
+
+    The one rule behind the summary and description budgets and search's capsule sizes.
+    """
+    return -(-len(text) // 4)
 
 
 class HostRequirements(BaseModel):
@@ -336,7 +351,24 @@ class Capability(BaseModel):
         (), description="Per error type, the capabilities to try instead (see fallbacks_for).")
     auto_fallback: bool = Field(
         False, description="Try the on_error chain without asking; only when not mutating state.")
+    owner: str | None = Field(None, min_length=1, description="Who answers for it.")
+    version: str | None = Field(None, min_length=1)
+    permissions: tuple[str, ...] = Field(
+        (), description="Free-form: what it needs or touches, e.g. 'fs:read ~/notes'.")
+    safety: Safety = Field(
+        "read_only", description="read_only, writes, destructive or external_side_effects; "
+        "by default read_only when not mutating state, writes otherwise.")
+    context_budget_tokens: int | None = Field(
+        None, gt=0, description="About how many tokens its answer takes of an agent's context.")
     source: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_safety(cls, data: Any) -> Any:
+        # A declared safety wins; otherwise it follows mutates_state (decided once, here).
+        if isinstance(data, dict) and data.get("safety") is None:
+            data = {**data, "safety": "writes" if data.get("mutates_state") else "read_only"}
+        return data
 
     @field_validator("requires")
     @classmethod
@@ -371,11 +403,22 @@ class Capability(BaseModel):
     @field_validator("summary")
     @classmethod
     def _summary_fits_a_capsule(cls, value: str) -> str:
-        tokens = -(-len(value) // 4)
+        tokens = estimate_tokens(value)
         if tokens > SUMMARY_MAX_TOKENS:
             raise ValueError(
                 f"summary is about {tokens} tokens (1 per 4 characters); a capsule allows "
                 f"{SUMMARY_MAX_TOKENS}: move detail to 'description'"
+            )
+        return value
+
+    @field_validator("description")
+    @classmethod
+    def _description_fits_a_manifest(cls, value: str) -> str:
+        tokens = estimate_tokens(value)
+        if tokens > DESCRIPTION_MAX_TOKENS:
+            raise ValueError(
+                f"description is about {tokens} tokens (1 per 4 characters); a manifest allows "
+                f"{DESCRIPTION_MAX_TOKENS}: shorten it, or link to the rest"
             )
         return value
 

@@ -40,7 +40,7 @@ import structlog
 
 from ._embed import Embedder, EmbeddingModelMissing, Vectors, embed_with_cache, load_embedder
 from ._lexical import FIELD_WEIGHTS, LexicalIndex, QueryTerm, Scores, expand
-from ._model import Capability
+from ._model import Capability, estimate_tokens
 from ._terms import STOP_WORDS, tokenize, words
 
 __all__ = [
@@ -51,11 +51,6 @@ __all__ = [
 log = structlog.get_logger("capd.search")
 
 Method = Literal["hybrid", "bm25", "semantic"]
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens in ``text`` by the documented estimate: ceil(characters / 4)."""
-    return math.ceil(len(text) / 4)
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,17 @@ import fnmatch
 import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-import mcp_types as types
 import structlog
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ._model import Capability, McpProbe
+from ._model import DESCRIPTION_MAX_TOKENS, Capability, McpProbe, Safety
 from ._outcomes import PermanentToolError, ToolUnavailable
 from ._search import estimate_tokens
+
+if TYPE_CHECKING:  # the SDK's types and jsonschema are imported when an upstream is used
+    import mcp_types as types
 
 log = structlog.get_logger("capd.upstream")
 
@@ -187,6 +188,8 @@ class Upstream:
             self._session = None
 
     async def _message(self, message: Any) -> None:
+        import mcp_types as types
+
         if isinstance(message, types.ToolListChangedNotification):
             log.info("upstream_tools_changed", tool=self.tool_id)
             self._stale = True
@@ -197,11 +200,15 @@ def _looks_closed(exc: Exception) -> bool:
     """anyio's errors for a stream whose other end is gone, or the SDK's "connection closed"."""
     if type(exc).__name__ in ("ClosedResourceError", "BrokenResourceError", "EndOfStream"):
         return True
+    import mcp_types as types
+
     error = getattr(exc, "error", None)
     return getattr(error, "code", None) == types.CONNECTION_CLOSED
 
 
 async def _list_all(session: Any) -> list[types.Tool]:
+    import mcp_types as types
+
     tools: list[types.Tool] = []
     cursor: str | None = None
     while True:
@@ -297,6 +304,8 @@ def summarize(text: str, budget_tokens: int = SUMMARY_TOKENS) -> str:
 
 def _parameters_for(tool: types.Tool) -> type[BaseModel]:
     """A model whose JSON Schema is the upstream's and whose validation is jsonschema's."""
+    import jsonschema
+
     schema = dict(tool.input_schema or {"type": "object"})
     schema.setdefault("type", "object")
     validator_cls = jsonschema.validators.validator_for(schema)
@@ -340,8 +349,14 @@ def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.To
             continue
         notes = tool.annotations
         read_only = bool(notes and notes.read_only_hint)
+        safety: Safety = "read_only" if read_only else "writes"
+        if not read_only and notes is not None and notes.destructive_hint is True:
+            safety = "destructive"
         description = (tool.description or tool.title or f"The {tool.name} tool of "
                        f"{tool_id}.").strip()
+        if estimate_tokens(description) > DESCRIPTION_MAX_TOKENS:
+            # An upstream's text is not ours to edit: cut it to the manifest's budget.
+            description = summarize(description, DESCRIPTION_MAX_TOKENS)
         out.append(Capability(
             name=capability_name(prefix, tool.name),
             summary=summarize(description),
@@ -350,6 +365,7 @@ def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.To
             func=_caller(tool_id, tool.name, call),
             requires=(tool_id,),
             mutates_state=not read_only,
+            safety=safety,
             retry_policy=spec.retry_policy if not read_only else "manual",
             tags=(*spec.tags, "mcp", tool_id),
             latency_class="outer" if spec.url else "inner",
@@ -364,6 +380,8 @@ def _caller(tool_id: str, tool_name: str,
             call: Callable[[str, str, dict[str, Any]], Awaitable[types.CallToolResult]]
             ) -> Callable[..., Awaitable[Any]]:
     async def invoke(params: BaseModel) -> Any:
+        import mcp_types as types
+
         result = await call(tool_id, tool_name, params.model_dump(mode="json"))
         text = "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
         if result.is_error:

@@ -5,6 +5,7 @@
     CapdError
     └── SidecarError
         ├── InvalidParams        call parameters failed validation (HTTP 422)
+        ├── InvalidTimeout       a Capd-Timeout that is malformed or over the limit (HTTP 422)
         ├── BadRequest           a malformed request: bad JSON, wrong shape (HTTP 400)
         ├── Draining             the daemon is shutting down (HTTP 503)
         ├── UnknownAgent         no [agents.NAME] by that name (HTTP 404)
@@ -40,6 +41,19 @@ class InvalidParams(SidecarError):
         super().__init__(
             f"invalid parameters for {name!r}: {where}: {first.get('msg', 'invalid')}"
             + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+        )
+
+
+class InvalidTimeout(SidecarError):
+    """A per-call timeout that is not seconds in (0, the capability's ``timeout_s``]."""
+
+    def __init__(self, name: str, requested: str, limit_s: float) -> None:
+        self.name = name
+        self.requested = requested
+        self.limit_s = limit_s
+        super().__init__(
+            f"the call timeout {requested!r} for {name!r} must be seconds above 0 and at most "
+            f"{limit_s:g} (the timeout_s {name} declares); send a shorter Capd-Timeout or none"
         )
 
 

@@ -20,12 +20,13 @@ from typing import Any, Literal
 
 @dataclass(frozen=True)
 class Option:
-    """A CLI option carried to the daemon in the query string or the JSON body."""
+    """A CLI option carried to the daemon in the query string, the JSON body or a header."""
 
     flags: tuple[str, ...]
     dest: str
     help: str
-    target: Literal["query", "body"] = "query"
+    target: Literal["query", "body", "header"] = "query"
+    header: str | None = None  # the header's name, for target="header"
     is_flag: bool = False
     choices: tuple[str, ...] | None = None
     positional: bool = False
@@ -74,6 +75,10 @@ class OperatorCommand:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path_params", tuple(re.findall(r"\{(\w+)\}", self.path)))
+        for option in self.options:
+            if (option.target == "header") != (option.header is not None):
+                raise ValueError(f"row {self.id}: option {option.dest} names a header exactly "
+                                 "when its target is 'header'")
         if self.mcp is not None and self.operator_only is not None:
             raise ValueError(f"row {self.id}: an operator-only row is never an MCP tool")
 
@@ -132,13 +137,16 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                    choices=("inner", "outer", "both")),
             Option(("--include-disabled",), "include_disabled",
                    "also disabled capabilities, with why", is_flag=True),
+            Option(("--safety",), "safety", "only capabilities of this safety class",
+                   choices=("read_only", "writes", "destructive", "external_side_effects")),
             Option(("--explain",), "explain",
                    "say which terms and semantic neighbours matched", is_flag=True),
         ),
         render="search",
         examples=("capd search append a line to a note",
                   "capd search -k 10 --tag notes snapshot",
-                  "capd search --include-disabled publish a note   # also disabled ones, with why"),
+                  "capd search --include-disabled publish a note   # also disabled ones, with why",
+                  "capd search --safety read_only notes   # only what changes nothing"),
         mcp=McpTool(
             "search_capabilities",
             "Find capabilities by what you want to do. Returns the best matches as capsules "
@@ -153,9 +161,12 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                 "latency_class": {"type": "string", "enum": ["inner", "outer", "both"],
                                   "description": "inner: fast local; outer: network."},
                 "include_disabled": {"type": "boolean",
-                                     "description": "Also list disabled ones, with why."}}},
+                                     "description": "Also list disabled ones, with why."},
+                "safety": {"type": "string", "enum": ["read_only", "writes", "destructive",
+                                                      "external_side_effects"],
+                           "description": "Only capabilities of this safety class."}}},
             query={"query": "q", "k": "k", "tags": "tag", "latency_class": "latency_class",
-                   "include_disabled": "include_disabled"},
+                   "include_disabled": "include_disabled", "safety": "safety"},
         ),
     ),
     OperatorCommand(
@@ -174,11 +185,20 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand(
         "call", "Call a capability with JSON parameters.", "POST", "/call/{name}", ("call",),
         "call", takes_params=True, render="call",
+        options=(
+            Option(("--timeout",), "timeout_s", "give up after this many seconds (at most the "
+                   "capability's timeout_s)", target="header", header="Capd-Timeout"),
+            Option(("--run-disabled",), "run_disabled", "run it even though it is disabled "
+                   "(a write needs consent for capd.run_disabled)", is_flag=True,
+                   target="header", header="Capd-Run-Disabled"),
+        ),
         examples=(
             'capd call notes.append -p note=welcome -p "line=hello from capd"   # key=value: text',
             "capd call notes.search -p query=capd -p limit:=3   # key:=json: a number, list, ...",
             """capd call notes.create --params '{"note": "todo", "title": "To do"}'""",
             "capd call notes.append -p note=welcome -p line=hi --json   # the whole ToolResult",
+            "capd call notes.search -p query=capd --timeout 2.5   # a shorter timeout",
+            "capd call notes.search -p query=capd --run-disabled   # even while disabled",
         ),
         mcp=McpTool(
             "invoke_capability",
@@ -190,9 +210,16 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                 "arguments": {"type": "object",
                               "description": "Parameters, per get_capability's schema."},
                 "idempotency_key": {"type": "string",
-                                    "description": "Makes a retried write safe."}}},
+                                    "description": "Makes a retried write safe."},
+                "timeout_s": {"type": "number", "exclusiveMinimum": 0,
+                              "description": "Give up sooner than the capability's own "
+                              "timeout_s (never later)."},
+                "run_disabled": {"type": "boolean",
+                                 "description": "Run it even though it is disabled (a write "
+                                 "needs the user's consent for capd.run_disabled)."}}},
             path={"id": "name"}, body="arguments",
-            headers={"idempotency_key": "Idempotency-Key"},
+            headers={"idempotency_key": "Idempotency-Key", "timeout_s": "Capd-Timeout",
+                     "run_disabled": "Capd-Run-Disabled"},
         ),
     ),
     OperatorCommand(

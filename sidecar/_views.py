@@ -31,7 +31,8 @@ def capsule(cap: Capability, *, live: bool) -> dict[str, Any]:
 
 
 def disabled_view(entry: DisabledEntry, snapshot: RegistrySnapshot) -> dict[str, Any]:
-    """Why a capability is disabled: its missing tools, their errors and last probe times."""
+    """Why a capability is disabled: its missing tools, their errors and last probe times,
+    and how to install each missing tool that declares an ``install_hint``."""
     return {
         "missing": list(entry.missing),
         "errors": dict(entry.errors),
@@ -40,7 +41,33 @@ def disabled_view(entry: DisabledEntry, snapshot: RegistrySnapshot) -> dict[str,
             tool: (snapshot.probes[tool].checked_at if tool in snapshot.probes else None)
             for tool in entry.missing
         },
+        "install_hints": install_hints(entry.missing, snapshot),
     }
+
+
+def install_hints(tools: tuple[str, ...] | list[str],
+                  snapshot: RegistrySnapshot) -> dict[str, str]:
+    """The ``install_hint`` of each of ``tools`` that declares one."""
+    hints: dict[str, str] = {}
+    for tool in tools:
+        spec = snapshot.tools.get(tool)
+        if spec is not None and spec.install_hint:
+            hints[tool] = spec.install_hint
+    return hints
+
+
+def disabled_reason(view: dict[str, Any]) -> str:
+    """One line: each missing tool's error, and its install hint when it has one."""
+    hints: dict[str, str] = view.get("install_hints", {})
+    parts = []
+    for tool in view["missing"]:
+        part = f"missing {tool}"
+        if tool in view["errors"]:
+            part += f": {view['errors'][tool]}"
+        if tool in hints:
+            part += f" (install: {hints[tool]})"
+        parts.append(part)
+    return "; ".join(parts)
 
 
 def manifest(cap: Capability, snapshot: RegistrySnapshot) -> dict[str, Any]:
@@ -57,6 +84,11 @@ def manifest(cap: Capability, snapshot: RegistrySnapshot) -> dict[str, Any]:
         "effects": [e.model_dump(mode="json") for e in cap.effects],
         "consent_operations": list(cap.consent_operations),
         "timeout_s": cap.timeout_s,
+        "owner": cap.owner,
+        "version": cap.version,
+        "permissions": list(cap.permissions),
+        "safety": cap.safety,
+        "context_budget_tokens": cap.context_budget_tokens,
         "op_id": cap.op_id,
         "source": cap.source,
     }
@@ -89,8 +121,7 @@ def render_check_table(report: dict[str, Any]) -> str:
     for item in report["live"]:
         rows.append(("live", item["name"], ", ".join(item["requires"]) or "-"))
     for item in report["disabled"]:
-        why = "; ".join(f"missing {t}: {err}" for t, err in item["errors"].items())
-        rows.append(("disabled", item["name"], why))
+        rows.append(("disabled", item["name"], disabled_reason(item)))
     width = max((len(r[1]) for r in rows), default=10)
     lines.append(f"{'STATE':<9} {'CAPABILITY':<{width}} DETAIL")
     for state, name, detail in rows:

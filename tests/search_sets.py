@@ -16,8 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from capd.registry import Capability, SearchIndex
+from capd.registry import Capability, SearchIndex, estimate_tokens
+from capd.registry._model import DESCRIPTION_MAX_TOKENS
 from capd.registry._search import Method
+from capd.registry._upstream import summarize
 
 SETS_DIR = Path(__file__).resolve().parent / "fixtures" / "search_sets"
 THIRD_PARTY_SETS = ("workspace", "atlassian", "bfcl_live", "bfcl_python")
@@ -38,8 +40,12 @@ def load_set_catalogue(name: str) -> tuple[Capability, ...]:
     caps = []
     for line in (SETS_DIR / name / "catalogue.jsonl").read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
+        description = row["description"]
+        if estimate_tokens(description) > DESCRIPTION_MAX_TOKENS:
+            # As capd loads such a tool from an upstream MCP server: cut to the budget.
+            description = summarize(description, DESCRIPTION_MAX_TOKENS)
         caps.append(Capability(name=row["name"], summary=row["summary"],
-                               description=row["description"], tags=tuple(row["tags"]),
+                               description=description, tags=tuple(row["tags"]),
                                parameters=Params, func=_noop))
     return tuple(caps)
 

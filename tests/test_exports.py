@@ -17,7 +17,7 @@ REGISTRY = {
     "FileContainsEffect", "FileExistsEffect", "HttpEffect", "HttpProbe", "LatencyClass",
     "OpEffect", "OpSpec", "OpTable", "PartialReplay", "PathProbe", "PluginError", "Probe",
     "ProbeResult", "PythonProbe", "McpProbe", "Upstream", "UpstreamError", "UpstreamPool",
-    "Registry", "RegistryError", "RegistrySnapshot", "RetryPolicy",
+    "Registry", "RegistryError", "RegistrySnapshot", "RetryPolicy", "SAFETY_LEVELS", "Safety",
     "TcpProbe", "TemplateError", "ToolSpec", "UnixProbe", "UnknownCapability", "build",
     "capability", "is_valid_name", "load_declarations", "load_plugins", "op",
     "parameters_schema", "placeholders", "probe_all", "render", "run_probe",

@@ -103,3 +103,64 @@ async def test_invoke_passes_options_and_runs_sync_ops_in_a_thread() -> None:
     cap = make(func=op, options={"vault": "/v"})
     assert await cap.invoke(NoteParams(note="a", line="b")) == "/v/a"
     assert seen["thread"] is False
+
+
+def test_a_tool_may_carry_an_install_hint() -> None:
+    """install_hint is on every probe kind; an empty one is refused."""
+    from capd.registry import CommandProbe, PathProbe
+
+    assert CommandProbe(which="git", install_hint="apt install git").install_hint == (
+        "apt install git")
+    assert PathProbe(path="/x").install_hint is None
+    with pytest.raises(ValidationError, match="install_hint"):
+        CommandProbe(which="git", install_hint="")
+
+
+def test_safety_defaults_from_mutates_state_and_a_declared_one_wins() -> None:
+    """read_only when not mutating, writes when mutating; a declared class is kept."""
+    assert make().safety == "read_only"
+    assert make(mutates_state=True).safety == "writes"
+    assert make(mutates_state=True, safety="destructive").safety == "destructive"
+    with pytest.raises(ValidationError, match="safety"):
+        make(safety="harmless")
+
+
+def test_a_description_fits_800_tokens() -> None:
+    """800 tokens (3200 characters) load; one more character is refused with the count."""
+    assert len(make(description="x" * 3200).description) == 3200
+    with pytest.raises(ValidationError, match="description is about 801 tokens"):
+        make(description="x" * 3201)
+
+
+def test_context_budget_is_positive() -> None:
+    """context_budget_tokens is optional and, when given, above zero."""
+    assert make().context_budget_tokens is None
+    with pytest.raises(ValidationError, match="context_budget_tokens"):
+        make(context_budget_tokens=0)
+
+
+def test_an_upstream_tool_is_destructive_only_when_its_annotations_say_so() -> None:
+    """destructiveHint makes a writing MCP tool destructive; a long description is cut."""
+    import mcp_types as types
+
+    from capd.registry import McpProbe
+    from capd.registry._upstream import upstream_capabilities
+
+    schema = {"type": "object", "properties": {}}
+    tools = [
+        types.Tool(name="wipe", input_schema=schema, description="Wipe it.",
+                   annotations=types.ToolAnnotations(destructive_hint=True)),
+        types.Tool(name="put", input_schema=schema, description="Put it. " * 900),
+        types.Tool(name="get", input_schema=schema, description="Get it.",
+                   annotations=types.ToolAnnotations(read_only_hint=True,
+                                                     destructive_hint=True)),
+    ]
+
+    async def never(*_: Any) -> Any:
+        raise AssertionError("not called")
+
+    caps = {c.name.rsplit(".", 1)[1]: c for c in upstream_capabilities(
+        "up", McpProbe(command=("x",)), tools, never, "test")}
+    assert {n: c.safety for n, c in caps.items()} == {
+        "wipe": "destructive", "put": "writes", "get": "read_only"}
+    assert len(caps["put"].description) <= 3200

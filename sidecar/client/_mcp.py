@@ -270,8 +270,11 @@ class Bridge:
         if name == "list_capabilities":
             return await self._list(arguments)
         if name == "invoke_capability":
+            headers = {header: ("true" if value is True else str(value))
+                       for arg, header in spec.headers.items()
+                       if (value := arguments.get(arg)) not in (None, False, "")}
             return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
-                                      arguments.get("idempotency_key"))
+                                      headers)
         if name == "preflight_calls":
             status, body = await self.link.request("POST", _ROWS[name].path, body=arguments)
             return _problem(status, body) if status >= 400 else _text(body, is_error=False)
@@ -317,13 +320,13 @@ class Bridge:
         return _text({"capabilities": page, "total": len(caps),
                       "next_cursor": str(offset + limit) if more else None}, is_error=False)
 
-    async def _invoke(self, name: str, arguments: Any, key: Any) -> types.CallToolResult:
+    async def _invoke(self, name: str, arguments: Any,
+                      headers: dict[str, str] | None) -> types.CallToolResult:
         checked = await self._check_allowed(name)
         if isinstance(checked, types.CallToolResult):
             return checked
-        headers = {"Idempotency-Key": str(key)} if key else None
         status, body = await self.link.request("POST", f"/call/{quote(checked, safe='')}",
-                                               body=arguments, headers=headers)
+                                               body=arguments, headers=headers or None)
         if isinstance(body, dict) and "status" in body and "capability" in body:
             failed = body["status"] not in ("success", "partial") and not body.get("queued")
             return _text(body, is_error=failed)

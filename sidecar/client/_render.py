@@ -65,6 +65,8 @@ def render_search(body: Any) -> str:
         summary = hit["summary"]
         if hit.get("disabled"):
             summary += f" (missing: {', '.join(hit['disabled']['missing'])})"
+            hints = hit["disabled"].get("install_hints") or {}
+            summary += "".join(f" (install {tool}: {hint})" for tool, hint in hints.items())
         lines.append(f"{score:>6}  {hit['state']:<9} {hit['name']:<{width}} {summary}")
     return "\n".join(lines)
 

@@ -288,6 +288,7 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
     for name in row.path_params:
         path = path.replace("{" + name + "}", quote(getattr(args, name), safe=""))
     query = {}
+    headers: dict[str, str] = {}
     body: dict[str, Any] | None = None
     for option in row.options:
         value = getattr(args, option.flags[0] if option.positional else option.dest)
@@ -297,7 +298,9 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
             value = ",".join(value or ()) or None
         if value in (None, False):
             continue
-        if option.target == "query":
+        if option.target == "header" and option.header is not None:
+            headers[option.header] = "true" if value is True else str(value)
+        elif option.target == "query":
             query[option.dest] = "true" if value is True else str(value)
         else:
             body = {**(body or {}), option.dest: value}
@@ -305,7 +308,8 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
         body = _parse_params(args)
     if query:
         path += "?" + urlencode(query)
-    response = request(_socket_path(args.socket), row.method, path, body=body)
+    response = request(_socket_path(args.socket), row.method, path, body=body,
+                       headers=headers or None)
     ok = 200 <= response.status < 300
     problem = response.content_type.startswith("application/problem+json")
     if isinstance(response.body, str):  # a text body (metrics) is printed as it came

@@ -34,7 +34,14 @@ from capd.recovery import (
 )
 from capd.registry import CapdError, InvalidTopology, UnknownCapability, UnknownTopology
 
-from .._errors import BadRequest, Draining, InvalidParams, UnknownAgent, UnresolvedAgent
+from .._errors import (
+    BadRequest,
+    Draining,
+    InvalidParams,
+    InvalidTimeout,
+    UnknownAgent,
+    UnresolvedAgent,
+)
 from .._table import COMMANDS, OperatorCommand
 from ._consent import UnknownGrant
 from ._handlers import HANDLERS
@@ -118,6 +125,9 @@ def _problem_for(exc: Exception, path: str) -> HttpResponse:
             return problem(400, "Bad Request", str(exc))
         case InvalidParams():
             return problem(422, "Invalid Parameters", str(exc), errors=exc.errors)
+        case InvalidTimeout():
+            return problem(422, "Invalid Timeout", str(exc), capability=exc.name,
+                           requested=exc.requested, limit_s=exc.limit_s)
         case UnknownCapability():
             return problem(404, "Unknown Capability", str(exc), suggestions=exc.suggestions)
         case UnknownTool():
@@ -289,7 +299,7 @@ class Api:
                 caller = with_session(caller, session)
             ctx = Context(services=self._services, path=path_params, query=query, body=body,
                           caller=caller, request_id=request_id,
-                          idempotency_key=headers.get("idempotency-key"))
+                          idempotency_key=headers.get("idempotency-key"), headers=headers)
             reply = await HANDLERS[row.handler](ctx)
         except Exception as exc:  # every failure becomes a problem+json answer
             response = _problem_for(exc, request.path)

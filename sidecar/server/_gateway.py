@@ -32,10 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from capd.recovery import Rechecker, apply_passive_health, call_capability
 from capd.registry import Capability, Registry, UnknownCapability
 
-from .._errors import Draining, InvalidParams
+from .._errors import Draining, InvalidParams, InvalidTimeout
 from .._logging import log_call
 from ._policy import NamedHook, Policy
 from ._services import Caller
+
+RUN_DISABLED_OPERATION = "capd.run_disabled"
+"""The consent operation that lets a caller run a disabled capability that mutates state."""
 
 ToolResultStatus = Literal[
     "success", "partial", "error_transient", "error_permanent", "error_blocked"
@@ -91,6 +94,17 @@ def _observer_copy(result: ToolResult) -> ToolResult:
     if fields["missing_consent"] is not None:
         fields["missing_consent"] = list(fields["missing_consent"])
     return clone
+
+
+@dataclass(frozen=True, slots=True)
+class _CallOptions:
+    """What a caller asked of this one call: a shorter timeout, running while disabled."""
+
+    timeout_s: float | None = None
+    run_disabled: bool = False
+
+
+_PLAIN = _CallOptions()
 
 
 BeforeHook = Callable[[Capability, BaseModel, Caller], Awaitable[None] | None]
@@ -188,13 +202,19 @@ class Gateway:
         *,
         request_id: str | None = None,
         idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+        run_disabled: bool = False,
     ) -> ToolResult:
         """Call capability ``name`` with ``params`` and classify the outcome.
 
         A transient failure of a mutating capability goes to the failure sink
         (the retry queue), keyed by ``idempotency_key`` when given.
+        ``timeout_s`` shortens the capability's own ``timeout_s`` for this call.
+        ``run_disabled`` runs a capability that is still disabled after a recheck
+        (a mutating one only under a grant of ``capd.run_disabled``).
 
-        Raises :class:`UnknownCapability`, :class:`InvalidParams` or
+        Raises :class:`UnknownCapability`, :class:`InvalidParams`,
+        :class:`InvalidTimeout` (not in ``(0, cap.timeout_s]``) or
         :class:`Draining`; every other failure is a :class:`ToolResult`.
         """
         if self.draining:
@@ -212,6 +232,10 @@ class Gateway:
                 ]) from exc
             raise
         model = self._validate(cap, params)
+        # NaN fails both comparisons, so it is refused too.
+        if timeout_s is not None and not 0 < timeout_s <= cap.timeout_s:
+            raise InvalidTimeout(cap.name, f"{timeout_s:g}", cap.timeout_s)
+        options = _CallOptions(timeout_s, run_disabled)
         self.in_flight += 1
         self._idle.clear()
         started = self._clock()
@@ -219,10 +243,11 @@ class Gateway:
         try:
             if policy.applies(cap):
                 result, running = await self._guarded(registry, policy, cap, model, params,
-                                                      caller, request_id, started)
+                                                      caller, request_id, started,
+                                                      options=options)
             else:
                 result, running = await self._call(registry, policy, cap, model, caller,
-                                                   request_id, started)
+                                                   request_id, started, options)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
@@ -275,7 +300,7 @@ class Gateway:
     async def _guarded(
         self, registry: Registry, policy: Policy, cap: Capability, params: BaseModel,
         raw: Mapping[str, Any], caller: Caller, request_id: str, started: float,
-        *, fallback: bool = False,
+        *, fallback: bool = False, options: _CallOptions | None = None,
     ) -> tuple[ToolResult, Future[Any] | None]:
         """The call inside the policy pipeline (profile, consent, loops ... after-hooks).
 
@@ -326,7 +351,7 @@ class Gateway:
             else:
                 policy.allow("hook")
         result, running = await self._call(registry, policy, cap, params, caller, request_id,
-                                           started)
+                                           started, options or _PLAIN)
         # A fallback never falls back in its turn: a chain is one level deep, so no cycle
         # of declarations can make a call recurse.
         if (not fallback and not result.ok and cap.auto_fallback
@@ -418,6 +443,7 @@ class Gateway:
         caller: Caller,
         request_id: str,
         started: float,
+        options: _CallOptions,
     ) -> tuple[ToolResult, Future[Any] | None]:
         """The call's result, and its thread when that still runs after the call gave up."""
         visible = None
@@ -429,26 +455,61 @@ class Gateway:
             return self._finish(registry, cap, request_id, started, status, visible=visible,
                                 **fields)
 
+        warnings: list[str] = []
         if registry.disabled_entry(cap.name) is not None:
             recheck = await self._rechecker.recheck_disabled_capability(cap.name)
             if not recheck.live:
                 entry = registry.disabled_entry(cap.name)
                 errors = dict(entry.errors) if entry else {}
                 detail = "; ".join(f"{t}: {e}" for t, e in errors.items())
-                return finish(
-                    "error_transient", error_type="capability_disabled",
-                    message=f"{cap.name} is disabled: missing {', '.join(recheck.missing)}"
-                    + (f" ({detail})" if detail else ""),
-                ), None
-        outcome = await call_capability(cap, params, executor=self._executor)
+                missing = ", ".join(recheck.missing)
+                if not options.run_disabled:
+                    return finish(
+                        "error_transient", error_type="capability_disabled",
+                        message=f"{cap.name} is disabled: missing {missing}"
+                        + (f" ({detail})" if detail else ""),
+                    ), None
+                refusal = self._refuse_run_disabled(registry, policy, cap, caller, request_id,
+                                                    started)
+                if refusal is not None:
+                    return refusal, None
+                policy.note("run_disabled", "annotate", capability=cap.name, caller=caller,
+                            reason=f"missing {missing}", request_id=request_id)
+                warnings.append(f"{cap.name} ran while disabled (missing {missing}), "
+                                "as the caller asked")
+        outcome = await call_capability(cap, params, executor=self._executor,
+                                        timeout_s=options.timeout_s)
         apply_passive_health(registry, cap, outcome)
         if outcome.kind == "success":
-            return finish("success", result=outcome.value), None
+            return finish("success", result=outcome.value, warnings=warnings), None
         if outcome.kind == "partial":
-            return finish("partial", result=outcome.value, message=outcome.message), None
+            return finish("partial", result=outcome.value, message=outcome.message,
+                          warnings=warnings), None
         return finish(_STATUS[outcome.kind], error_type=outcome.error_type,
-                      message=outcome.message, retry_after_s=outcome.retry_after_s
-                      ), outcome.abandoned
+                      message=outcome.message, retry_after_s=outcome.retry_after_s,
+                      warnings=warnings), outcome.abandoned
+
+    def _refuse_run_disabled(self, registry: Registry, policy: Policy, cap: Capability,
+                             caller: Caller, request_id: str, started: float
+                             ) -> ToolResult | None:
+        """The refusal of running disabled ``cap``, or None when it may run.
+
+        A read may always run anyway; a write only under a live grant of
+        ``capd.run_disabled`` (none when consent is not configured).
+        """
+        if not cap.mutates_state:
+            return None
+        wanted = (RUN_DISABLED_OPERATION,)
+        missing = (list(wanted) if policy.consent is None
+                   else policy.consent.missing(wanted, caller.session))
+        if not missing:
+            return None
+        where = f" --session {shlex.quote(caller.session)}" if caller.session else ""
+        return self._refuse(registry, policy, cap, caller, request_id, started, "consent",
+                            "consent_required", (
+            f"{cap.name} is disabled and mutates state; running it anyway needs consent for "
+            f"{RUN_DISABLED_OPERATION}. Ask the user; an operator grants it with: capd consent "
+            f"grant {RUN_DISABLED_OPERATION}{where} --ttl 10m"), missing_consent=missing)
 
     @staticmethod
     def _alternatives(registry: Registry, cap: Capability,

@@ -11,10 +11,10 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
-from capd.registry import Capability, UnknownCapability, success_boost
+from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability, success_boost
 
-from .._errors import BadRequest
-from .._views import capsule, disabled_view, manifest
+from .._errors import BadRequest, InvalidTimeout
+from .._views import capsule, disabled_reason, disabled_view, manifest
 from ._agent_handlers import (
     agent_resolve,
     agent_show,
@@ -41,12 +41,39 @@ def iso(epoch: float) -> str:
 
 
 def _flag(ctx: Context, name: str) -> bool:
-    value = ctx.query.get(name, "").lower()
+    return _truth(ctx.query.get(name, ""), f"query parameter {name!r}")
+
+
+def _truth(raw: str, what: str) -> bool:
+    value = raw.lower()
     if value in ("", "0", "false", "no"):
         return False
     if value in ("1", "true", "yes"):
         return True
-    raise BadRequest(f"query parameter {name!r} must be true or false, not {value!r}")
+    raise BadRequest(f"{what} must be true or false, not {value!r}")
+
+
+def _call_timeout(ctx: Context) -> float | None:
+    """The ``Capd-Timeout`` header in seconds (None when absent).
+
+    The gateway checks the range against the capability; a value that is no
+    number is refused here, naming the same limit (which needs the capability).
+    """
+    raw = ctx.headers.get("capd-timeout")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        registry = ctx.services.registry
+        try:
+            cap = registry.get(ctx.path["name"])
+        except UnknownCapability as exc:  # suggestions only from what the caller may see
+            raise UnknownCapability(ctx.path["name"], [
+                s for s in exc.suggestions if _visible(ctx)(registry.get(s))]) from exc
+        if not _visible(ctx)(cap):
+            raise UnknownCapability(ctx.path["name"], []) from None
+        raise InvalidTimeout(cap.name, raw, cap.timeout_s) from None
 
 
 async def health(ctx: Context) -> Reply:
@@ -64,7 +91,7 @@ async def health(ctx: Context) -> Reply:
             "componentType": "capability",
             "status": "warn",
             "observedValue": view["missing"],
-            "output": "; ".join(f"{t}: {e}" for t, e in view["errors"].items()),
+            "output": disabled_reason(view),
             "time": iso(max(probed)) if probed else None,
         }]
     if snap.disabled:
@@ -232,13 +259,17 @@ async def search(ctx: Context) -> Reply:
     latency = ctx.query.get("latency_class") or None
     if latency not in (None, "inner", "outer", "both"):
         raise BadRequest("latency_class must be inner, outer or both")
+    safety = ctx.query.get("safety") or None
+    if safety is not None and safety not in SAFETY_LEVELS:
+        raise BadRequest(f"safety must be one of {', '.join(SAFETY_LEVELS)}, not {safety!r}")
     live = registry.live_view()
     seen = _visible(ctx)
 
     def allowed(name: str) -> bool:
         if not include_disabled and name not in live:
             return False
-        return seen(registry.get(name))
+        cap = registry.get(name)
+        return (safety is None or cap.safety == safety) and seen(cap)
 
     ranking = registry.search_index().rank(
         query, k=k, tags=tags, latency_class=latency, allowed=allowed,
@@ -286,7 +317,9 @@ async def call(ctx: Context) -> Reply:
         raise BadRequest("the request body must be a JSON object of parameters")
     result = await ctx.services.gateway.dispatch(
         ctx.path["name"], params, ctx.caller, request_id=ctx.request_id,
-        idempotency_key=ctx.idempotency_key,
+        idempotency_key=ctx.idempotency_key, timeout_s=_call_timeout(ctx),
+        run_disabled=_truth(ctx.headers.get("capd-run-disabled", ""),
+                            "the Capd-Run-Disabled header"),
     )
     body = result.as_json()
     try:

@@ -54,6 +54,8 @@ class Context:
     caller: Caller
     request_id: str
     idempotency_key: str | None = None
+    # The request's headers, lower-cased names (``capd-timeout``, ``capd-run-disabled``).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,7 +101,8 @@ class Dispatcher(Protocol):
     def stats(self) -> CallCounters: ...
     async def dispatch(self, name: str, params: Mapping[str, Any], caller: Caller | None = None,
                        *, request_id: str | None = None,
-                       idempotency_key: str | None = None) -> CallResult: ...
+                       idempotency_key: str | None = None, timeout_s: float | None = None,
+                       run_disabled: bool = False) -> CallResult: ...
 
 
 class Rechecks(Protocol):
