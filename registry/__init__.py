@@ -37,6 +37,8 @@ import failure into a ``PluginError``), the original is kept as its
 ``__cause__``.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._agents import AgentSpec, InjectionSpec, Selection, select_capabilities
 from ._build import BuildConfig, build
 from ._declarations import (
@@ -81,6 +83,7 @@ from ._model import (
     TcpProbe,
     ToolSpec,
     UnixProbe,
+    estimate_tokens,
     is_valid_name,
 )
 from ._ops import CapabilitySpec, OpSpec, OpTable, capability, load_plugins, op
@@ -96,7 +99,6 @@ from ._probes import Probe, probe_all, run_probe
 from ._registry import DisabledEntry, Registry, RegistrySnapshot
 from ._routes import ErrorRoute
 from ._schema import parameters_schema
-from ._search import Hit, SearchIndex, estimate_tokens, success_boost, tokenize
 from ._template import TemplateError, placeholders, render
 from ._topology import (
     Topology,
@@ -199,3 +201,22 @@ __all__ = [
     "tokenize",
     "validate_topology",
 ]
+
+
+# The search stack (numpy, the tokenizer, the embedding model) is imported when a search
+# name is first used, not with the package: `capd call` and the other client commands do
+# not pay for it.
+_LAZY = {"Hit", "SearchIndex", "success_boost", "tokenize"}
+
+if TYPE_CHECKING:
+    from ._search import Hit, SearchIndex, success_boost, tokenize
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from . import _search
+
+        value = getattr(_search, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

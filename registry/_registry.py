@@ -20,12 +20,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from ._errors import DeclarationError, UnknownCapability
 from ._hooks import HookSpec
 from ._model import Capability, ProbeResult, ToolSpec
 from ._ops import OpTable
-from ._search import SearchIndex
+
+if TYPE_CHECKING:  # the search stack (numpy, the embedding model) loads at first use
+    from ._search import SearchIndex
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,8 @@ class Registry:
     def search_index(self) -> SearchIndex:
         """The search index over every capability, built on first use (see prepare_search)."""
         if self._index is None:
+            from ._search import SearchIndex
+
             self._index = SearchIndex(self._all.values(), cache_dir=self._search_cache)
         return self._index
 

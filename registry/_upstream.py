@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ._model import DESCRIPTION_MAX_TOKENS, Capability, McpProbe, Safety
+from ._model import DESCRIPTION_MAX_TOKENS, Capability, McpProbe, Safety, estimate_tokens
 from ._outcomes import PermanentToolError, ToolUnavailable
-from ._search import estimate_tokens
 
 if TYPE_CHECKING:  # the SDK's types and jsonschema are imported when an upstream is used
     import mcp_types as types
