@@ -87,6 +87,7 @@ FORCE = Option(("--force",), "force", "ignore the per-tool cooldown", is_flag=Tr
 SESSIONS_ARE_THE_OPERATORS = ("an agent that could reset loop counts would undo its own "
                               "loop detection; the list shows every caller's sessions")
 AGENT_FORMATS = ("json", "claude", "codex")
+PROVIDER_FORMATS = ("openai", "anthropic", "mcp")
 CONTEXT = Option(("--context",), "context", "the execution context as key=value (repeatable); "
                  "run-time injections match it", repeat=True)
 CONSENT_IS_THE_OPERATORS = ("consent is given by a person through the operator's surface; an "
@@ -108,6 +109,8 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             Option(("--state",), "state", "only live or disabled ones",
                    choices=("live", "disabled")),
             Option(("--tag",), "tag", "only capabilities with this tag"),
+            Option(("--limit",), "limit", "at most this many (default 1000)"),
+            Option(("--cursor",), "cursor", "next_cursor of the previous page"),
         ),
         render="list",
         examples=("capd list", "capd list --state disabled", "capd list --tag notes --json"),
@@ -172,7 +175,11 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand(
         "show", "Full manifest of one capability, with JSON Schema.", "GET",
         "/capabilities/{name}", ("show",), "show",
-        examples=("capd show notes.append", "capd show notes.append --json | jq .parameters"),
+        options=(Option(("--format",), "format", "render the tool definition as this "
+                        "provider's tool-calling API expects it instead of the manifest",
+                        choices=PROVIDER_FORMATS),),
+        examples=("capd show notes.append", "capd show notes.append --json | jq .parameters",
+                  "capd show notes.append --format openai   # a function tool for OpenAI"),
         mcp=McpTool(
             "get_capability",
             "The full manifest of one capability: description, parameters' JSON Schema, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from capd.registry import (
@@ -11,6 +12,8 @@ from capd.registry import (
     RegistrySnapshot,
     parameters_schema,
 )
+
+from ._table import PROVIDER_FORMATS
 
 
 def probe_view(result: ProbeResult | None) -> dict[str, Any] | None:
@@ -95,6 +98,67 @@ def manifest(cap: Capability, snapshot: RegistrySnapshot) -> dict[str, Any]:
     if entry is not None:
         body["disabled"] = disabled_view(entry, snapshot)
     return body
+
+
+_PROVIDER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def provider_name(name: str) -> str:
+    """A capability name as OpenAI and Anthropic accept it: each ``.`` becomes ``__``.
+
+    Raises ValueError when the result is not ``^[a-zA-Z0-9_-]{1,64}$`` (a name too long).
+    """
+    mapped = name.replace(".", "__")
+    if not _PROVIDER_NAME.match(mapped):
+        raise ValueError(f"{name!r} maps to {mapped!r}, which is not a valid provider tool "
+                         "name (^[a-zA-Z0-9_-]{1,64}$)")
+    return mapped
+
+
+def strict_compatible(schema: Any) -> bool:
+    """Whether OpenAI's strict mode accepts ``schema``: every object (a node typed "object"
+    or holding "properties") has ``additionalProperties: false`` and requires every one of
+    its properties."""
+    if isinstance(schema, list):
+        return all(strict_compatible(item) for item in schema)
+    if not isinstance(schema, dict):
+        return True
+    if schema.get("type") == "object" or "properties" in schema:
+        properties = schema.get("properties", {})
+        if schema.get("additionalProperties") is not False:
+            return False
+        if not isinstance(properties, dict) or set(schema.get("required", ())) != set(properties):
+            return False
+    return all(strict_compatible(value) for value in schema.values())
+
+
+def tool_description(cap: Capability) -> str:
+    """The summary, then the description when there is one."""
+    return f"{cap.summary}\n\n{cap.description}" if cap.description else cap.summary
+
+
+def provider_tool(cap: Capability, form: str) -> dict[str, Any]:
+    """The capability's tool definition as ``form``'s tool-calling API expects it.
+
+    ``openai``: a Chat Completions function tool; ``anthropic``: a Messages API tool;
+    ``mcp``: an MCP ``Tool`` with annotations. Raises ValueError for an unknown format.
+    """
+    schema = parameters_schema(cap.parameters)
+    description = tool_description(cap)
+    if form == "openai":
+        return {"type": "function", "function": {
+            "name": provider_name(cap.name), "description": description,
+            "parameters": schema, "strict": strict_compatible(schema)}}
+    if form == "anthropic":
+        return {"name": provider_name(cap.name), "description": description,
+                "input_schema": schema}
+    if form == "mcp":
+        annotations: dict[str, Any] = {"readOnlyHint": not cap.mutates_state}
+        if cap.mutates_state or cap.safety == "destructive":
+            annotations["destructiveHint"] = cap.safety == "destructive"
+        return {"name": cap.name, "description": description, "inputSchema": schema,
+                "annotations": annotations}
+    raise ValueError(f"format must be {', '.join(PROVIDER_FORMATS)}, not {form!r}")
 
 
 def check_report(snapshot: RegistrySnapshot) -> dict[str, Any]:

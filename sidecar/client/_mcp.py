@@ -305,6 +305,12 @@ class Bridge:
         return _text(body, is_error=False)
 
     async def _list(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        if self.profile is None:  # the daemon's own page: the same body as `capd list --json`
+            query = {key: str(arguments[key]) for key in ("tag", "state", "cursor", "limit")
+                     if arguments.get(key) not in (None, "")}
+            query.setdefault("limit", str(DEFAULT_PAGE))
+            status, body = await self.link.request("GET", "/capabilities", query=query)
+            return _problem(status, body) if status >= 400 else _text(body, is_error=False)
         caps = await self._capsules()
         if arguments.get("tag"):
             caps = [c for c in caps if arguments["tag"] in c["tags"]]

@@ -14,7 +14,14 @@ from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
 from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability, success_boost
 
 from .._errors import BadRequest, InvalidTimeout
-from .._views import capsule, disabled_reason, disabled_view, manifest
+from .._table import PROVIDER_FORMATS
+from .._views import (
+    capsule,
+    disabled_reason,
+    disabled_view,
+    manifest,
+    provider_tool,
+)
 from ._agent_handlers import (
     agent_resolve,
     agent_show,
@@ -297,6 +304,14 @@ async def show(ctx: Context) -> Reply:
     cap = registry.get(ctx.path["name"])
     if not _visible(ctx)(cap):  # outside the caller's profile: as if it did not exist
         raise UnknownCapability(ctx.path["name"], [])
+    form = ctx.query.get("format") or None
+    if form is not None:
+        if form not in PROVIDER_FORMATS:
+            raise BadRequest(f"format must be {', '.join(PROVIDER_FORMATS)}, not {form!r}")
+        try:
+            return Reply(200, provider_tool(cap, form))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
     body = manifest(cap, registry.snapshot())
     stats = ctx.services.gateway.stats
     calls = dict(stats.by_status.get(cap.name, {}))
