@@ -14,7 +14,7 @@ land without them (a test asks every subcommand for them).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 
@@ -70,6 +70,8 @@ class OperatorCommand:
     mcp: McpTool | None = None
     # Why a row is kept off the agent's surface (never an MCP tool), when that is the point.
     operator_only: str | None = None
+    # Why a row that is not operator-only is still not an MCP tool (a test requires one).
+    cli_only: str | None = None
     examples: tuple[str, ...] = ()  # command lines for --help; a comment may follow "#"
     path_params: tuple[str, ...] = field(init=False)
 
@@ -90,6 +92,16 @@ AGENT_FORMATS = ("json", "claude", "codex")
 PROVIDER_FORMATS = ("openai", "anthropic", "mcp")
 CONTEXT = Option(("--context",), "context", "the execution context as key=value (repeatable); "
                  "run-time injections match it", repeat=True)
+HEALTH_IS_FOR_SUPERVISORS = ("for supervisors and probes (systemd, a load balancer); an agent "
+                             "learns a capability is down from search and its ToolResult")
+RECOVERY_IS_THE_DAEMONS = ("capd rechecks and reloads by itself; an agent asking for it would "
+                           "only add load (a call to a disabled capability rechecks first)")
+STATS_ARE_FOR_OPERATORS = "operator statistics; nothing an agent should act on"
+QUEUE_IS_THE_OPERATORS = ("the retry queue is the operator's: an agent learns of its write from "
+                          "the queued job id in its ToolResult")
+AGENTS_ARE_CONFIGURED = ("agent configuration is for the host that launches agents, not for an "
+                         "agent to read about itself")
+TOPOLOGY_VALIDATION_IS_AUTHORING = "validation is for whoever writes topologies"
 CONSENT_IS_THE_OPERATORS = ("consent is given by a person through the operator's surface; an "
                             "agent that could grant it would consent to itself")
 
@@ -394,6 +406,21 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                     path={"id": "topology"}, query={"set": "set", "context": "context"}),
     ),
 )
+
+
+# Why each row that is neither an MCP tool nor operator-only stays on the CLI and HTTP
+# surfaces only (the parity test fails on a one-surface row without a reason).
+_CLI_ONLY = {
+    **dict.fromkeys(("health", "livez", "readyz"), HEALTH_IS_FOR_SUPERVISORS),
+    **dict.fromkeys(("recheck", "recheck-tool", "reload"), RECOVERY_IS_THE_DAEMONS),
+    **dict.fromkeys(("status", "metrics"), STATS_ARE_FOR_OPERATORS),
+    **dict.fromkeys(("queue-stats", "queue-purge", "queue-list", "queue-show", "queue-retry",
+                     "queue-cancel"), QUEUE_IS_THE_OPERATORS),
+    **dict.fromkeys(("agent-list", "agent-show", "agent-resolve"), AGENTS_ARE_CONFIGURED),
+    "topology-validate": TOPOLOGY_VALIDATION_IS_AUTHORING,
+}
+COMMANDS = tuple(replace(row, cli_only=_CLI_ONLY[row.id]) if row.id in _CLI_ONLY else row
+                 for row in COMMANDS)
 
 
 def command(command_id: str) -> OperatorCommand:

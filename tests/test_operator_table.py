@@ -63,3 +63,12 @@ def test_every_row_names_a_handler_and_a_renderer_that_exist() -> None:
 
     assert {row.handler for row in COMMANDS} == set(HANDLERS)
     assert {row.render for row in COMMANDS} <= set(RENDERERS)
+
+
+def test_every_row_on_one_surface_says_why() -> None:
+    """A row that is not an MCP tool carries its reason: operator-only or CLI/HTTP only."""
+    for row in COMMANDS:
+        if row.mcp is None:
+            assert (row.operator_only or row.cli_only), f"{row.id} is CLI-only with no reason"
+        else:
+            assert row.cli_only is None and row.operator_only is None, row.id
