@@ -71,4 +71,5 @@ def test_every_row_on_one_surface_says_why() -> None:
         if row.mcp is None:
             assert (row.operator_only or row.cli_only), f"{row.id} is CLI-only with no reason"
         else:
-            assert row.cli_only is None and row.operator_only is None, row.id
+            assert row.cli_only is None, row.id
+            assert row.operator_only is None, row.id
