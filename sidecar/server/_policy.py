@@ -111,6 +111,9 @@ class Policy:
     # capability name -> the hooks that apply, in order (the patterns are fixed per policy)
     _before_for: dict[str, list[NamedHook]] = field(default_factory=dict, repr=False)
     _after_for: dict[str, list[NamedHook]] = field(default_factory=dict, repr=False)
+    # caller -> its profile: one call asks several times (profile step, alternatives,
+    # suggestions), and a gid binding reads /proc each time it is matched
+    _profile_of: dict[Caller, Profile | None] = field(default_factory=dict, repr=False)
 
     @property
     def active(self) -> bool:
@@ -126,10 +129,14 @@ class Policy:
 
     def profile_for(self, caller: Caller) -> Profile | None:
         """The profile ``caller`` is bound to, or None (unrestricted)."""
-        for binding in self.bindings:
-            if binding.matches(caller):
-                return self.profiles[binding.profile]
-        return None
+        if caller in self._profile_of:
+            return self._profile_of[caller]
+        found = next((self.profiles[b.profile] for b in self.bindings if b.matches(caller)),
+                     None)
+        if len(self._profile_of) >= 4096:  # bounded: callers come and go by pid
+            self._profile_of.clear()
+        self._profile_of[caller] = found
+        return found
 
     def bound(self, caller: Caller) -> bool:
         """Whether ``caller`` is bound to a profile (then never an operator)."""
