@@ -194,6 +194,11 @@ class Registry:
             self._index = SearchIndex(self._all.values(), cache_dir=self._search_cache)
         return self._index
 
+    @property
+    def search_prepared(self) -> bool:
+        """Whether the search index exists (``search_index()`` will not build it)."""
+        return self._index is not None
+
     def prepare_search(self, cache_dir: Path | None = None) -> SearchIndex:
         """Build the search index now, its capsule vectors cached in ``cache_dir``.
 

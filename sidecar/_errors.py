@@ -8,6 +8,7 @@
         ├── InvalidTimeout       a Capd-Timeout that is malformed or over the limit (HTTP 422)
         ├── BadRequest           a malformed request: bad JSON, wrong shape (HTTP 400)
         ├── Draining             the daemon is shutting down (HTTP 503)
+        ├── SearchUnavailable    the search index failed to build; the next search retries (503)
         ├── UnknownAgent         no [agents.NAME] by that name (HTTP 404)
         ├── UnresolvedAgent      an agent's entries (or an injection's) select nothing (HTTP 422)
         ├── SocketInUse          another daemon answers on the socket
@@ -63,6 +64,10 @@ class BadRequest(SidecarError):
 
 class Draining(SidecarError):
     """The daemon is draining for shutdown and accepts no new calls."""
+
+
+class SearchUnavailable(SidecarError):
+    """The search index could not be built; the next search tries again."""
 
 
 class UnknownAgent(SidecarError, LookupError):

@@ -39,6 +39,7 @@ from .._errors import (
     Draining,
     InvalidParams,
     InvalidTimeout,
+    SearchUnavailable,
     UnknownAgent,
     UnresolvedAgent,
 )
@@ -144,6 +145,8 @@ def _problem_for(exc: Exception, path: str) -> HttpResponse:
                            problems=exc.problems)
         case Draining():
             return problem(503, "Draining", str(exc))
+        case SearchUnavailable():
+            return problem(503, "Search Unavailable", str(exc))
         case UnknownJob():
             return problem(404, "Unknown Job", str(exc))
         case UnknownGrant():

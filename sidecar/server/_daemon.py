@@ -24,13 +24,17 @@ from collections.abc import Awaitable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import structlog
 
 from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
 from capd.registry import ConfigError, Registry, UpstreamPool, build, run_probe
 
+if TYPE_CHECKING:
+    from capd.registry import SearchIndex
+
+from .._errors import SearchUnavailable
 from .._paths import capd_version, default_socket_path
 from ._api import Api
 from ._config import LoadedConfig, load_config
@@ -126,6 +130,9 @@ class Daemon:
         self._queue_stats: tuple[float, QueueStats] | None = None
         self.sweep: RetrySweep | None = None
         self.http: HttpServer | None = None
+        # The start-up registry's search index, built in a thread once the daemon serves
+        # (a reload builds its registry's index before swapping it in).
+        self._search_build: tuple[Registry, asyncio.Task[SearchIndex]] | None = None
 
     def _upstream_tools_changed(self, tool: str) -> None:
         log.info("reload_for_upstream", tool=tool)
@@ -175,6 +182,41 @@ class Daemon:
         self._next_policy = self._make_policy(loaded, registry)
         self.loaded = loaded
         return registry
+
+    def _build_search_soon(self, registry: Registry) -> asyncio.Task[SearchIndex]:
+        async def build() -> SearchIndex:
+            started = time.monotonic()
+            index = await asyncio.to_thread(registry.prepare_search,
+                                            self.loaded.state_dir() / "search")
+            log.info("search_ready", capabilities=len(registry),
+                     duration_s=round(time.monotonic() - started, 3))
+            return index
+
+        task = self.spawn(build())
+        self._search_build = (registry, task)
+        return task
+
+    async def search_index(self) -> SearchIndex:
+        """The serving registry's search index; waits (off the loop) while it is built.
+
+        A build that failed is tried again by the next search, which answers the
+        failure meanwhile.
+        """
+        registry = self.registry
+        if registry.search_prepared:
+            return registry.search_index()
+        pending = self._search_build
+        if pending is None or pending[0] is not registry or (
+                pending[1].done() and pending[1].exception() is not None):
+            task = self._build_search_soon(registry)
+        else:
+            task = pending[1]
+        try:
+            return await asyncio.shield(task)
+        except Exception as exc:  # the build's own error, whatever it is: say it, retry later
+            raise SearchUnavailable(
+                f"the search index could not be built ({type(exc).__name__}: {exc}); the "
+                "next search tries again, and `capd reload` rebuilds it") from exc
 
     def _swap(self, registry: Registry) -> None:
         self.registry = registry
@@ -309,11 +351,10 @@ class Daemon:
                                 running=self.running_attempts,
                                 attempt_running_max_s=config.attempt_running_max_s)
 
-        # Phase 2: build the registry (probes run concurrently).
+        # Phase 2: build the registry (probes run concurrently). Its search index is
+        # built once the daemon serves (phase 5): a search waits for it, a call does not.
         registry = await build(self.loaded.build_config(), executor=self.user_executor,
                                upstreams=self.upstreams)
-        # the search index (capsule vectors cached in the state dir) off the loop
-        await asyncio.to_thread(registry.prepare_search, self.loaded.state_dir() / "search")
         self.policy = self._make_policy(self.loaded, registry)
         self.registry = registry
         counts = self.registry.snapshot().counts
@@ -364,6 +405,8 @@ class Daemon:
         self.notifier.ready(self.status_line())
         log.info("ready", socket=str(self.socket_path), pid=self.pid, version=self.version,
                  **counts)
+        # the search index (capsule vectors cached in the state dir), in a thread
+        self._build_search_soon(registry)
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.rechecker.run(

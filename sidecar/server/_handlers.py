@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
+import capd.registry
 from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
-from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability, success_boost
+from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability
 
 from .._errors import BadRequest, InvalidTimeout
 from .._table import PROVIDER_FORMATS
@@ -278,9 +279,10 @@ async def search(ctx: Context) -> Reply:
         cap = registry.get(name)
         return (safety is None or cap.safety == safety) and seen(cap)
 
-    ranking = registry.search_index().rank(
+    index = await d.search_index()  # the search stack (numpy...) is imported with it
+    ranking = index.rank(
         query, k=k, tags=tags, latency_class=latency, allowed=allowed,
-        boost=success_boost(d.gateway.stats.by_status), explain=explain)
+        boost=capd.registry.success_boost(d.gateway.stats.by_status), explain=explain)
     snap = registry.snapshot() if include_disabled else None
     results = []
     for hit in ranking.hits:

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from capd.recovery import (
     CapabilityRecheck,
@@ -23,6 +23,9 @@ from capd.recovery import (
     ToolRecheck,
 )
 from capd.registry import AgentSpec, Capability, InjectionSpec, Registry, TopologySet
+
+if TYPE_CHECKING:
+    from capd.registry import SearchIndex
 
 State = Literal["starting", "ready", "draining", "stopped"]
 
@@ -254,3 +257,4 @@ class Services(Protocol):
     def policy(self) -> PolicyView: ...
     def task_stats(self) -> dict[str, int]: ...
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats: ...
+    async def search_index(self) -> SearchIndex: ...
