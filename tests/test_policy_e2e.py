@@ -527,3 +527,23 @@ def test_a_write_acknowledging_the_same_way_each_time_is_not_a_loop(
     daemon = pol()
     answers = [call(daemon, "pol.ack", {"text": f"line {i}"}, session="w") for i in range(7)]
     assert [a.status for a in answers] == [200] * 7
+
+
+def test_auto_fallback_answers_with_no_policy_step_configured(short_tmp: Path) -> None:
+    """A capability's own fallback chain is not a policy step: with no hook, no binding
+    and loop detection off, auto_fallback still answers."""
+    config = write_config(short_tmp)
+    text = config.read_text()
+    for step in ('before = ["capd:ssrf_guard", "pol_pack:guard_words", "pol:boom"]',
+                 'after = ["pol_pack:tamper", "pol_pack:audit"]'):
+        assert step in text
+        text = text.replace(step, "")
+    config.write_text(text.replace("per_minute_warn = 8\n", "enabled = false\n")
+                      .replace("per_minute_block = 10\n", ""))
+    daemon = DaemonProcess(config, short_tmp / "capd.sock").start().wait_ready()
+    try:
+        auto = call(daemon, "pol.primary", {"text": "hi"})
+        assert (auto.status, auto.body["result"]) == (200, "hi")
+        assert auto.body["answered_by"] == "pol.backup"
+    finally:
+        daemon.kill()

@@ -241,7 +241,7 @@ class Gateway:
         started = self._clock()
         running: Future[Any] | None = None
         try:
-            if policy.applies(cap):
+            if policy.applies(cap, caller):
                 result, running = await self._guarded(registry, policy, cap, model, params,
                                                       caller, request_id, started,
                                                       options=options)

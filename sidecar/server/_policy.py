@@ -115,15 +115,13 @@ class Policy:
     # suggestions), and a gid binding reads /proc each time it is matched
     _profile_of: dict[Caller, Profile | None] = field(default_factory=dict, repr=False)
 
-    @property
-    def active(self) -> bool:
-        """Whether a step applies to every call (a call with no policy skips the pipeline;
-        consent applies only to capabilities that declare operations, see ``applies``)."""
-        return bool(self.bindings or self.loops.policy.enabled or self.before or self.after)
-
-    def applies(self, cap: Capability) -> bool:
-        """Whether the pipeline has anything to do for a call to ``cap``."""
-        return self.active or bool(cap.consent_operations and self.consent is not None)
+    def applies(self, cap: Capability, caller: Caller) -> bool:
+        """Whether the pipeline has anything to do for ``caller``'s call to ``cap``: a
+        binding or a hook, consent the capability declares, a loop check of the caller's
+        session, or the capability's own fallback chain. A call with none skips it."""
+        return bool(self.bindings or self.before or self.after or cap.auto_fallback
+                    or (cap.consent_operations and self.consent is not None)
+                    or self.loops.checks(caller.session))
 
     # -- profiles ----------------------------------------------------------------------
 
