@@ -186,6 +186,11 @@ class Route:
         return params
 
 
+def _bucket(segments: tuple[str, ...] | list[str]) -> tuple[int, str]:
+    """The key the router files a path under: its segment count and first segment."""
+    return len(segments), segments[1] if len(segments) > 1 else ""
+
+
 class Router:
     """Method and path to a table row. A fixed path wins over a parameter (/queue/stats)."""
 
@@ -197,6 +202,13 @@ class Router:
                 self._dynamic.append(Route(row, tuple(row.path.split("/"))))
             else:
                 self._static.setdefault(row.path, {})[row.method] = row
+        if any(r.segments[1].startswith("{") for r in self._dynamic):
+            raise ValueError("a route's first segment must be fixed (the router files by it)")
+        # Parameter routes by (segment count, first segment), in table order: a request
+        # is tried only against the routes it could fit.
+        self._buckets: dict[tuple[int, str], list[Route]] = {}
+        for route in self._dynamic:
+            self._buckets.setdefault(_bucket(route.segments), []).append(route)
 
     def routes(self) -> set[tuple[str, str]]:
         """Every (method, path template) served."""
@@ -213,7 +225,7 @@ class Router:
             return row, {}, sorted(rows)
         parts = path.split("/")
         allowed = []
-        for route in self._dynamic:
+        for route in self._buckets.get(_bucket(parts), ()):
             params = route.match(parts)
             if params is None:
                 continue

@@ -327,6 +327,11 @@ async def show(ctx: Context) -> Reply:
     return Reply(200, body)
 
 
+_CALL_STATUS = {"success": 200, "partial": 200, "error_transient": 503, "error_permanent": 502,
+                "error_blocked": 403}
+"""The HTTP status of each result state (202 instead when the call was queued)."""
+
+
 async def call(ctx: Context) -> Reply:
     """Dispatch a call; the HTTP status follows the result's state."""
     params = ctx.body if ctx.body is not None else {}
@@ -335,8 +340,9 @@ async def call(ctx: Context) -> Reply:
     result = await ctx.services.gateway.dispatch(
         ctx.path["name"], params, ctx.caller, request_id=ctx.request_id,
         idempotency_key=ctx.idempotency_key, timeout_s=_call_timeout(ctx),
-        run_disabled=_truth(ctx.headers.get("capd-run-disabled", ""),
-                            "the Capd-Run-Disabled header"),
+        run_disabled=("capd-run-disabled" in ctx.headers
+                      and _truth(ctx.headers["capd-run-disabled"],
+                                 "the Capd-Run-Disabled header")),
     )
     body = result.as_json()
     try:
@@ -348,10 +354,7 @@ async def call(ctx: Context) -> Reply:
                     message=f"{result.capability} ran (its work is done; do not retry) but its "
                     f"result cannot be written as JSON: {exc}")
         encoded = dumps(body)
-    status = {
-        "success": 200, "partial": 200, "error_transient": 503, "error_permanent": 502,
-        "error_blocked": 403,
-    }[body["status"]]
+    status = _CALL_STATUS[body["status"]]
     if result.queued:
         status = 202
     headers = {}
