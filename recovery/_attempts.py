@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from capd.registry import ThreadHandle
 
 
 class RunningAttempts:
     """Threads of abandoned attempts, by job id. Owned by the daemon; one event loop."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._by_job: dict[str, list[tuple[float, Future[Any]]]] = {}
+        self._by_job: dict[str, list[tuple[float, ThreadHandle]]] = {}
         self._clock = clock
 
-    def add(self, job_id: str, thread: Future[Any]) -> None:
+    def add(self, job_id: str, thread: ThreadHandle) -> None:
         """Remember that ``thread`` (an attempt of ``job_id``) is still running."""
         if thread.done():
             return

@@ -21,7 +21,7 @@ from __future__ import annotations
 import errno
 import socket
 from collections.abc import Iterable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,6 +34,7 @@ from capd.registry import (
     Partial,
     PermanentToolError,
     Registry,
+    ThreadHandle,
     ToolUnavailable,
     TransientToolError,
 )
@@ -85,7 +86,7 @@ class CallOutcome:
     retry_after_s: float | None = None
     unavailable_tools: tuple[str, ...] = ()
     network_failure: bool = False
-    abandoned: Future[Any] | None = None
+    abandoned: ThreadHandle | None = None
 
 
 def _names_match(cls: type, names: Iterable[str]) -> bool:
@@ -149,7 +150,7 @@ async def call_capability(
     ``timeout_s`` is a caller's shorter limit for this call; the shorter of it
     and the capability's own ``timeout_s`` applies.
     """
-    threads: list[Future[Any]] = []
+    threads: list[ThreadHandle] = []
     limit_s = cap.timeout_s if timeout_s is None else min(timeout_s, cap.timeout_s)
     limit = deadline(limit_s)
     try:

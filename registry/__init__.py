@@ -100,6 +100,7 @@ from ._registry import DisabledEntry, Registry, RegistrySnapshot
 from ._routes import ErrorRoute
 from ._schema import parameters_schema
 from ._template import TemplateError, placeholders, render
+from ._threads import OpThreads, Running, ThreadHandle
 from ._topology import (
     Topology,
     TopologyExpansion,
@@ -143,6 +144,7 @@ __all__ = [
     "OpEffect",
     "OpSpec",
     "OpTable",
+    "OpThreads",
     "Partial",
     "PartialReplay",
     "PathProbe",
@@ -155,11 +157,13 @@ __all__ = [
     "RegistryError",
     "RegistrySnapshot",
     "RetryPolicy",
+    "Running",
     "Safety",
     "SearchIndex",
     "Selection",
     "TcpProbe",
     "TemplateError",
+    "ThreadHandle",
     "ToolError",
     "ToolSpec",
     "ToolUnavailable",

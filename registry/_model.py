@@ -11,7 +11,7 @@ import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from functools import partial
 from typing import Annotated, Any, Literal
 
@@ -26,6 +26,7 @@ from pydantic import (
 
 from ._routes import ANY_ERROR, ErrorRoute, check_routes
 from ._template import TemplateError, check_known
+from ._threads import OpThreads, ThreadHandle
 
 RetryPolicy = Literal["manual", "replay", "verify_first"]
 LatencyClass = Literal["inner", "outer", "both"]
@@ -515,7 +516,7 @@ class Capability(BaseModel):
 
     async def invoke(
         self, params: BaseModel, *, executor: Executor | None = None,
-        on_thread: Callable[[Future[Any]], None] | None = None,
+        on_thread: Callable[[ThreadHandle], None] | None = None,
     ) -> Any:
         """Call the capability with validated ``params`` and its bound options.
 
@@ -529,6 +530,11 @@ class Capability(BaseModel):
         call = partial(self.func, params, **self.options)
         if executor is None:
             return await asyncio.get_running_loop().run_in_executor(None, call)
+        if isinstance(executor, OpThreads):  # the daemon's: no Future chain, batched wake-ups
+            answer, running = executor.run_soon(call)
+            if on_thread is not None:
+                on_thread(running)
+            return await answer
         thread = executor.submit(call)
         if on_thread is not None:
             on_thread(thread)

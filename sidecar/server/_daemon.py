@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import structlog
 
 from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
-from capd.registry import ConfigError, Registry, UpstreamPool, build, run_probe
+from capd.registry import ConfigError, OpThreads, Registry, UpstreamPool, build, run_probe
 
 if TYPE_CHECKING:
     from capd.registry import SearchIndex
@@ -98,7 +98,7 @@ class Daemon:
         self.registry: Registry = Registry((), {}, {})
         # Plain (sync) ops run here, not on asyncio's default executor, whose threads the
         # loop waits for at close: a hung op must not hold a stopping daemon.
-        self.op_executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="capd-op")
+        self.op_executor = OpThreads(max_workers=32, thread_name_prefix="capd-op")
         # Plain probes, verifiers and hooks: apart from ops, so hung ops cannot starve probes.
         self.user_executor = ThreadPoolExecutor(max_workers=config.user_code_threads,
                                                 thread_name_prefix="capd-user")

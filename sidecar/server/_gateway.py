@@ -23,14 +23,14 @@ import shlex
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capd.recovery import Rechecker, apply_passive_health, call_capability
-from capd.registry import Capability, Registry, UnknownCapability
+from capd.registry import Capability, Registry, ThreadHandle, UnknownCapability
 
 from .._errors import Draining, InvalidParams, InvalidTimeout
 from .._logging import log_call
@@ -139,7 +139,7 @@ class FailureSink(Protocol):
 
     async def accept(
         self, capability: Capability, params: BaseModel, result: ToolResult,
-        *, idempotency_key: str | None = None, running: Future[Any] | None = None,
+        *, idempotency_key: str | None = None, running: ThreadHandle | None = None,
     ) -> ToolResult: ...
 
 
@@ -263,7 +263,7 @@ class Gateway:
         self.in_flight += 1
         self._idle.clear()
         started = self._clock()
-        running: Future[Any] | None = None
+        running: ThreadHandle | None = None
         try:
             if policy.applies(cap, caller):
                 result, running = await self._guarded(registry, policy, cap, model, params,
@@ -325,7 +325,7 @@ class Gateway:
         self, registry: Registry, policy: Policy, cap: Capability, params: BaseModel,
         raw: Mapping[str, Any], caller: Caller, request_id: str, started: float,
         *, fallback: bool = False, options: _CallOptions | None = None,
-    ) -> tuple[ToolResult, Future[Any] | None]:
+    ) -> tuple[ToolResult, ThreadHandle | None]:
         """The call inside the policy pipeline (profile, consent, loops ... after-hooks).
 
         ``raw`` is the parameters as the caller sent them (JSON), which loop detection
@@ -465,7 +465,7 @@ class Gateway:
         request_id: str,
         started: float,
         options: _CallOptions,
-    ) -> tuple[ToolResult, Future[Any] | None]:
+    ) -> tuple[ToolResult, ThreadHandle | None]:
         """The call's result, and its thread when that still runs after the call gave up."""
         visible = None
         if policy.bindings and policy.bound(caller):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any
 
 import structlog
 from pydantic import BaseModel
@@ -17,7 +15,7 @@ from capd.recovery import (
     RetryQueue,
     RunningAttempts,
 )
-from capd.registry import Capability
+from capd.registry import Capability, ThreadHandle
 
 from ._gateway import ToolResult
 
@@ -45,7 +43,7 @@ class QueueSink:
 
     async def accept(self, capability: Capability, params: BaseModel, result: ToolResult,
                      *, idempotency_key: str | None = None,
-                     running: Future[Any] | None = None) -> ToolResult:
+                     running: ThreadHandle | None = None) -> ToolResult:
         """Enqueue the failed call; return the result with its job id."""
         queue = self._queue()
         if queue is None:  # only before the daemon has opened it
