@@ -10,6 +10,8 @@
         ├── Draining             the daemon is shutting down (HTTP 503)
         ├── SearchUnavailable    the search index failed to build; the next search retries (503)
         ├── UnknownAgent         no [agents.NAME] by that name (HTTP 404)
+        ├── UnknownProfile       no [profiles.NAME] by that name (HTTP 404)
+        ├── ExportConflict       two capabilities would export under one tool name (HTTP 409)
         ├── UnresolvedAgent      an agent's entries (or an injection's) select nothing (HTTP 422)
         ├── SocketInUse          another daemon answers on the socket
         ├── UnsafeSocketFolder   the socket's folder is not the daemon's own
@@ -83,6 +85,33 @@ class UnknownAgent(SidecarError, LookupError):
         else:
             hint = " (no agent is declared; add [agents.NAME] to capd.toml)"
         super().__init__(f"unknown agent {name!r}{hint}")
+
+
+class UnknownProfile(SidecarError, LookupError):
+    """No policy profile by that name is declared under ``[profiles]`` in capd.toml."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        if self.suggestions:
+            hint = f" (did you mean {', '.join(repr(s) for s in self.suggestions)}?)"
+        elif known:
+            hint = f" (profiles: {', '.join(sorted(known))})"
+        else:
+            hint = " (no profile is declared; add [profiles.NAME] to capd.toml)"
+        super().__init__(f"unknown profile {name!r}{hint}")
+
+
+class ExportConflict(SidecarError):
+    """Capabilities whose names map to one provider tool name; the export is refused."""
+
+    def __init__(self, form: str, clashes: dict[str, list[str]]) -> None:
+        self.clashes = clashes
+        pairs = "; ".join(f"{', '.join(names)} -> {tool}" for tool, names in clashes.items())
+        super().__init__(
+            f"in the {form} format these capabilities would share a tool name: {pairs}. "
+            "Rename one of each group (or add an alias and retire the old name), or export "
+            "a --profile that leaves one out")
 
 
 class UnresolvedAgent(SidecarError):

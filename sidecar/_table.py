@@ -202,6 +202,23 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         ),
     ),
     OperatorCommand(
+        "export", "Every capability's tool definition in one provider's format.", "GET",
+        "/export", ("export",), "export",
+        options=(Option(("--format",), "format", "the provider's tool-calling format",
+                        choices=PROVIDER_FORMATS),
+                 Option(("--profile",), "profile", "only the capabilities this policy "
+                        "profile ([profiles.NAME] in capd.toml) takes in"),
+                 Option(("--include-disabled",), "include_disabled",
+                        "also disabled capabilities (they heal; a call meanwhile says why)",
+                        is_flag=True)),
+        render="export",
+        examples=("capd export --format openai > tools.json   # the tools= list",
+                  "capd export --format anthropic --profile reader > reader-tools.json",
+                  "capd export --format mcp --json | jq .skipped   # what could not go"),
+        cli_only=("a file for the host that configures an agent; an agent reads the same "
+                  "definitions one at a time through get_capability"),
+    ),
+    OperatorCommand(
         "call", "Call a capability with JSON parameters.", "POST", "/call/{name}", ("call",),
         "call", takes_params=True, render="call",
         options=(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -115,6 +116,14 @@ def render_validation(body: Any) -> str:
     return "\n".join(lines) or "no topology is declared"
 
 
+def render_export(body: Any) -> str:
+    """The tool definitions alone, as the provider's API takes them (``tools=[...]``);
+    what could not be rendered is named on stderr, so a redirected file stays clean."""
+    for item in body.get("skipped", []):
+        print(f"capd: skipped {item['name']}: {item['reason']}", file=sys.stderr)
+    return render_json(body["tools"])
+
+
 def describe_failure(command: str, body: Any) -> str:
     """One sentence for an answer that is not 2xx, for ``capd: <sentence>`` on stderr.
 
@@ -141,6 +150,7 @@ def describe_failure(command: str, body: Any) -> str:
 
 RENDERERS: dict[str, Callable[[Any], str]] = {
     "json": render_json,
+    "export": render_export,
     "agent": render_agent,
     "agents": render_agents,
     "call": render_call,

@@ -37,10 +37,12 @@ from capd.registry import CapdError, InvalidTopology, UnknownCapability, Unknown
 from .._errors import (
     BadRequest,
     Draining,
+    ExportConflict,
     InvalidParams,
     InvalidTimeout,
     SearchUnavailable,
     UnknownAgent,
+    UnknownProfile,
     UnresolvedAgent,
 )
 from .._table import COMMANDS, OperatorCommand
@@ -135,6 +137,10 @@ def _problem_for(exc: Exception, path: str) -> HttpResponse:
             return problem(404, "Unknown Tool", str(exc))
         case UnknownAgent():
             return problem(404, "Unknown Agent", str(exc), suggestions=exc.suggestions)
+        case UnknownProfile():
+            return problem(404, "Unknown Profile", str(exc), suggestions=exc.suggestions)
+        case ExportConflict():
+            return problem(409, "Export Conflict", str(exc), clashes=exc.clashes)
         case UnresolvedAgent():
             return problem(422, "Unresolved Agent", str(exc), agent=exc.agent,
                            unresolved=exc.problems)

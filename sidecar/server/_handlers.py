@@ -14,7 +14,7 @@ import capd.registry
 from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
 from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability
 
-from .._errors import BadRequest, InvalidTimeout
+from .._errors import BadRequest, ExportConflict, InvalidTimeout, UnknownProfile
 from .._table import PROVIDER_FORMATS
 from .._views import (
     capsule,
@@ -325,6 +325,45 @@ async def show(ctx: Context) -> Reply:
         "mean_duration_s": stats.total_duration_s.get(cap.name, 0.0) / total if total else None,
     }
     return Reply(200, body)
+
+
+async def export(ctx: Context) -> Reply:
+    """Every capability's tool definition in one provider's format (a policy profile's
+    only, with ``profile``); what cannot be rendered is listed under ``skipped``."""
+    form = ctx.query.get("format") or ""
+    if form not in PROVIDER_FORMATS:
+        raise BadRequest(f"format must be {', '.join(PROVIDER_FORMATS)}"
+                         + (f", not {form!r}" if form else
+                            " (capd export --format openai, or ?format=openai)"))
+    profile = ctx.query.get("profile") or None
+    policy = ctx.services.policy
+    if profile is not None and profile not in policy.profile_names:
+        raise UnknownProfile(profile, list(policy.profile_names))
+    snap = ctx.services.registry.snapshot()
+    caps = list(snap.live.values())
+    if _flag(ctx, "include_disabled"):
+        caps += [entry.capability for entry in snap.disabled.values()]
+    seen = _visible(ctx)
+    chosen = sorted((c for c in caps if seen(c)
+                     and (profile is None or policy.in_profile(profile, c))),
+                    key=lambda c: c.name)
+    tools: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    owners: dict[str, list[str]] = {}
+    for cap in chosen:
+        try:
+            tool = provider_tool(cap, form)
+        except ValueError as exc:  # a name no provider accepts: said, not dropped silently
+            skipped.append({"name": cap.name, "reason": str(exc)})
+            continue
+        tool_name = tool["function"]["name"] if form == "openai" else tool["name"]
+        owners.setdefault(tool_name, []).append(cap.name)
+        tools.append(tool)
+    clashes = {tool: names for tool, names in owners.items() if len(names) > 1}
+    if clashes:
+        raise ExportConflict(form, clashes)
+    return Reply(200, {"format": form, "profile": profile, "count": len(tools),
+                       "tools": tools, "skipped": skipped})
 
 
 _CALL_STATUS = {"success": 200, "partial": 200, "error_transient": 503, "error_permanent": 502,
@@ -667,6 +706,7 @@ HANDLERS: dict[str, Handler] = {
     "consent_grant": consent_grant,
     "consent_list": consent_list,
     "consent_revoke": consent_revoke,
+    "export": export,
     "health": health,
     "list_caps": list_caps,
     "livez": livez,

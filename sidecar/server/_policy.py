@@ -140,6 +140,15 @@ class Policy:
         """Whether ``caller`` is bound to a profile (then never an operator)."""
         return bool(self.bindings) and self.profile_for(caller) is not None
 
+    @property
+    def profile_names(self) -> list[str]:
+        """The declared profiles' names."""
+        return sorted(self.profiles)
+
+    def in_profile(self, profile: str, cap: Capability) -> bool:
+        """Whether the declared profile ``profile`` takes in ``cap`` (KeyError if none)."""
+        return self.profiles[profile].allows(cap)
+
     def visible(self, caller: Caller, cap: Capability) -> bool:
         """Whether ``caller`` may see and call ``cap``."""
         profile = self.profile_for(caller) if self.bindings else None
