@@ -14,6 +14,7 @@ written with a row of the job's audit trail in the same transaction.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -37,6 +38,7 @@ from ._jobs import (
     JobState,
     QueueStats,
     job_from_row,
+    job_of,
     params_text,
 )
 from ._queue_file import open_queue_file
@@ -44,6 +46,20 @@ from ._queue_file import open_queue_file
 log = structlog.get_logger("capd.queue")
 
 T = TypeVar("T")
+
+_INSERT_JOB = (
+    "INSERT INTO jobs (id, capability, params, idempotency_key, policy, state,"
+    " attempts, max_attempts, next_run_at, lease_until, fence, boot_id,"
+    " first_sent_at, timeout_s, last_error, error_class, first_error,"
+    " first_error_class, created_at, updated_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, NULL, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+# A job's columns in the order of its fields: job_of takes a row of them as it is.
+_SELECT_DUE = (f"SELECT {', '.join(Job.model_fields)} FROM jobs"
+               " WHERE state = 'pending' AND next_run_at <= ? ORDER BY next_run_at")
+_CLAIM = ("UPDATE jobs SET state = 'leased', attempts = ?, fence = ?, lease_until = ?,"
+          " boot_id = ?, updated_at = ? WHERE id = ?")
+_INSERT_ATTEMPT = ("INSERT INTO attempts (job_id, at, kind, fence, boot_id, outcome, detail)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?)")
 
 
 class RetryQueue:
@@ -67,7 +83,7 @@ class RetryQueue:
         self.boot_id = boot_id
         self._rng = rng
         self._on_enqueue = on_enqueue
-        self._id_prefix = os.urandom(3).hex()
+        self._id_low = int.from_bytes(os.urandom(3), "big") << 24  # the id's random prefix
         self._id_counter = 0
 
     @classmethod
@@ -134,65 +150,75 @@ class RetryQueue:
         :class:`IdempotencyConflict` is raised. Raises :class:`QueueClosed`
         after :meth:`close`.
         """
-        job: Job = await self._transaction(lambda conn: self._insert(conn, request))
+        job, row = self._new_job(request)
+        if request.idempotency_key is None:
+            # A new id cannot collide: a plain insert, batched with its neighbours.
+            job = await self._store.insert(_INSERT_JOB, row, job)
+        else:
+            job = await self._transaction(lambda db: self._insert_keyed(db, request, job, row))
         self._on_enqueue()
         return job
 
     def _new_id(self) -> str:
         # Time-ordered ids: new rows append to the primary-key B-tree instead of
-        # landing at random places in it, which keeps big group commits cheap.
+        # landing at random places in it, which keeps big group commits cheap. 16 hex
+        # digits of time_ns, the 6 of this queue's random prefix, the 6 of a counter.
         self._id_counter = (self._id_counter + 1) % 0x1000000
-        return f"{time.time_ns():016x}{self._id_prefix}{self._id_counter:06x}"
+        return f"{time.time_ns() << 48 | self._id_low | self._id_counter:028x}"
 
-    def _insert(self, db: sqlite3.Connection, req: EnqueueRequest) -> Job:
-        """Insert one job in the current transaction (runs on the database thread)."""
-        key = req.idempotency_key
-        if key is not None:
-            row = db.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
-            if row is not None:
-                existing = job_from_row(row)
-                if existing.capability != req.capability or existing.params != req.params:
-                    raise IdempotencyConflict(
-                        f"idempotency key {key!r} is already used by job {existing.id} for "
-                        f"{existing.capability} with other parameters; use a new key")
-                return existing
+    def _new_job(self, req: EnqueueRequest) -> tuple[Job, tuple[Any, ...]]:
+        """The job ``req`` makes and its ``jobs`` row (built on the loop, before the batch)."""
         now = self._clock()
-        # Every field comes from a typed request: build without re-validating.
-        job = Job.model_construct(
-            id=self._new_id(), capability=req.capability, params=req.params,
-            idempotency_key=key, policy=req.policy, state=req.state, attempts=0,
-            max_attempts=req.max_attempts or self.backoff.max_attempts,
-            next_run_at=req.run_at if req.run_at is not None else now, lease_until=None,
-            fence=0, boot_id=self.boot_id, first_sent_at=req.first_sent_at,
-            timeout_s=req.timeout_s, last_error=req.error, error_class=req.error_class,
-            first_error=req.error, first_error_class=req.error_class,
-            created_at=now, updated_at=now,
-        )
+        job_id = self._new_id()
+        max_attempts = req.max_attempts or self.backoff.max_attempts
+        run_at = now if req.run_at is None else req.run_at
+        capability, params, key, policy, state = (
+            req.capability, req.params, req.idempotency_key, req.policy, req.state)
+        first_sent_at, timeout_s, error, error_class = (
+            req.first_sent_at, req.timeout_s, req.error, req.error_class)
+        boot_id = self.boot_id
         # The enqueue itself is recorded in the job row (created_at, first_error): one
-        # insert per job, and attempts() shows it as the trail's first entry.
-        db.execute(
-            "INSERT INTO jobs (id, capability, params, idempotency_key, policy, state,"
-            " attempts, max_attempts, next_run_at, lease_until, fence, boot_id,"
-            " first_sent_at, timeout_s, last_error, error_class, first_error,"
-            " first_error_class, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, NULL, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (job.id, job.capability, params_text(job.params), key, job.policy, job.state,
-             job.max_attempts, job.next_run_at, job.boot_id, job.first_sent_at, job.timeout_s,
-             job.last_error, job.error_class, job.last_error, job.error_class, now, now))
+        # insert per job, and attempts() shows it as the trail's first entry. Every field
+        # comes from a typed request: the job is built without re-validating.
+        row = (job_id, capability, params_text(params), key, policy, state, max_attempts,
+               run_at, boot_id, first_sent_at, timeout_s, error, error_class, error,
+               error_class, now, now)
+        job = job_of({
+            "id": job_id, "capability": capability, "params": params, "idempotency_key": key,
+            "policy": policy, "state": state, "attempts": 0, "max_attempts": max_attempts,
+            "next_run_at": run_at, "lease_until": None, "fence": 0, "boot_id": boot_id,
+            "first_sent_at": first_sent_at, "timeout_s": timeout_s, "last_error": error,
+            "error_class": error_class, "first_error": error, "first_error_class": error_class,
+            "created_at": now, "updated_at": now,
+        })
+        return job, row
+
+    @staticmethod
+    def _insert_keyed(db: sqlite3.Connection, req: EnqueueRequest, job: Job,
+                      row: tuple[Any, ...]) -> Job:
+        """Insert ``job`` unless its idempotency key is taken (on the database thread)."""
+        key = req.idempotency_key
+        found = db.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
+        if found is not None:
+            existing = job_from_row(found)
+            if existing.capability != req.capability or existing.params != req.params:
+                raise IdempotencyConflict(
+                    f"idempotency key {key!r} is already used by job {existing.id} for "
+                    f"{existing.capability} with other parameters; use a new key")
+            return existing
+        db.execute(_INSERT_JOB, row)
         return job
 
     # ------------------------------------------------------------ transactions
 
-    async def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work`` inside the next group commit; return its result after the COMMIT."""
-        return await self._store.transaction(work)
+    def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Run ``work`` inside the next group commit; its result after the COMMIT, to await."""
+        return self._store.transaction(work)
 
     def _audit(self, db: sqlite3.Connection, job_id: str, kind: str, fence: int | None,
                outcome: str | None, detail: str | None) -> None:
-        db.execute(
-            "INSERT INTO attempts (job_id, at, kind, fence, boot_id, outcome, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (job_id, self._clock(), kind, fence, self.boot_id, outcome, detail))
+        db.execute(_INSERT_ATTEMPT,
+                   (job_id, self._clock(), kind, fence, self.boot_id, outcome, detail))
 
     def _decide(self, job: Job, now: float, failure: Failure | None = None,
                 retry_after_s: float | None = None) -> RetryDecision:
@@ -247,32 +273,42 @@ class RetryQueue:
         now = self._clock()
 
         def work(db: sqlite3.Connection) -> list[Job]:
-            runnable: list[str] = []
-            given_up: list[tuple[Job, RetryDecision]] = []
-            due = db.execute("SELECT * FROM jobs WHERE state = 'pending' AND next_run_at <= ?"
-                             " ORDER BY next_run_at", (now,))
+            runnable: list[sqlite3.Row] = []
+            given_up: list[tuple[sqlite3.Row, RetryDecision]] = []
+            due = db.execute(_SELECT_DUE, (now,))
             for row in due:
                 if len(runnable) >= limit:
                     break
-                job = job_from_row(row)
-                decision = self._decide(job, now)
+                decision = self.backoff.decide(
+                    row["policy"], now=now, first_sent_at=row["first_sent_at"],
+                    timeout_s=row["timeout_s"], attempts=row["attempts"],
+                    max_attempts=row["max_attempts"], created_at=row["created_at"],
+                    rng=self._rng)
                 if decision.state == "pending":
-                    runnable.append(job.id)
+                    runnable.append(row)
                 else:
-                    given_up.append((job, decision))
+                    given_up.append((row, decision))
             due.close()
-            for job, decision in given_up:
-                error = f"{job.last_error or ''} [gave up: {decision.reason}]"
+            for row, decision in given_up:
+                error = f"{row['last_error'] or ''} [gave up: {decision.reason}]"
                 db.execute("UPDATE jobs SET state = ?, updated_at = ?, last_error = ?"
-                           " WHERE id = ?", (decision.state, now, error, job.id))
-                self._audit(db, job.id, "dead", job.fence, decision.state, error)
+                           " WHERE id = ?", (decision.state, now, error, row["id"]))
+                self._audit(db, row["id"], "dead", row["fence"], decision.state, error)
+            # The rows were read in this write transaction: each claimed job is its row
+            # with the claim's changes, built here rather than read back.
             jobs: list[Job] = []
-            for job_id in runnable:
-                (row,) = db.execute(
-                    "UPDATE jobs SET state = 'leased', attempts = attempts + 1, fence = fence + 1,"
-                    " lease_until = ? + timeout_s + ?, boot_id = ?, updated_at = ? WHERE id = ?"
-                    " RETURNING *", (now, grace_s, self.boot_id, now, job_id)).fetchall()
-                jobs.append(job_from_row(row))
+            for row in runnable:
+                data = dict(row)
+                data["params"] = json.loads(data["params"])
+                data["state"] = "leased"
+                data["attempts"] += 1
+                data["fence"] += 1
+                data["lease_until"] = now + data["timeout_s"] + grace_s
+                data["boot_id"] = self.boot_id
+                data["updated_at"] = now
+                jobs.append(job_of(data))
+            db.executemany(_CLAIM, [(j.attempts, j.fence, j.lease_until, self.boot_id, now, j.id)
+                                    for j in jobs])
             db.executemany(
                 "INSERT INTO attempts (job_id, at, kind, fence, boot_id, outcome, detail)"
                 " VALUES (?, ?, 'claim', ?, ?, NULL, ?)",
