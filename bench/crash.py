@@ -2,7 +2,8 @@
 
 The same harness as tests/test_crash.py with more kills (default 200). Prints
 the kills by point, acknowledged jobs, lost jobs (must be 0), duplicated
-side effects for verify_first (must be 0) and for replay (bounded by the kills),
+side effects for verify_first (must be 0) and for replay (a kill may land amid
+several concurrent replays, each then done twice: printed per kill),
 and integrity-check failures (must be 0). Baseline: the bound itself — replay
 duplicates are printed as a ratio to the number of kills.
 

@@ -127,11 +127,14 @@ class CrashReport:
 class CrashRun:
     """A folder with the crash pack, and the daemon restarted round after round."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, sweep_batch: int | None = None) -> None:
+        """``sweep_batch`` 1 keeps one replayed job in flight at a time (capd's default
+        replays up to 32 at once, so one kill may land amid several writes)."""
         self.folder = folder
         (folder / "crash_pack.py").write_text(PACK)
         (folder / "caps.toml").write_text(CAPS)
-        (folder / "capd.toml").write_text(textwrap.dedent(CONFIG))
+        (folder / "capd.toml").write_text(textwrap.dedent(CONFIG) + (
+            f"sweep_batch = {sweep_batch}\n" if sweep_batch is not None else ""))
         self.mode = folder / "mode"
         self.out = folder / "out.txt"
         self.out.touch()
