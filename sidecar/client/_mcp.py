@@ -26,19 +26,20 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
-import aiohttp
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
-from mcp.server.stdio import stdio_server
 
 from capd.registry import ConfigError, is_valid_name
 
 from .._errors import DaemonDown
 from .._paths import capd_version
 from .._table import COMMANDS, McpTool
+from ._stdio import stdio_streams
+from ._unixhttp import UnixHttp
 
 META_TOOLS: dict[str, McpTool] = {row.mcp.name: row.mcp for row in COMMANDS if row.mcp}
 _ROWS = {row.mcp.name: row for row in COMMANDS if row.mcp}
@@ -103,46 +104,51 @@ def allow_profile(text: str) -> Profile:
 
 
 class DaemonLink:
-    """HTTP over the daemon's Unix socket; a fresh connection after any failure."""
+    """HTTP over the daemon's Unix socket: kept-alive connections, a fresh one after any failure."""
 
     def __init__(self, socket_path: Path, *, session: str | None = None) -> None:
         self.socket_path = socket_path
         # One agent session per bridge process (one MCP client): the daemon's unit of loop
         # detection and of session consent grants.
         self.agent_session = session or secrets.token_hex(8)
-        self._session: aiohttp.ClientSession | None = None
+        self._http = UnixHttp(socket_path, timeout_s=300.0)
 
     async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
                       body: Any = None, headers: dict[str, str] | None = None
                       ) -> tuple[int, Any]:
         """Send one request; raise :class:`DaemonDown` if nothing answers."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=str(self.socket_path)),
-                timeout=aiohttp.ClientTimeout(total=300))
+        if "/." in path:  # dot segments: resolved before sending, as a URL library would
+            path = _normalized(path)
+        if query:
+            path = f"{path}?{urlencode(query)}"
+        all_headers = {"Capd-Session": self.agent_session, **(headers or {})}
+        payload = json.dumps(body).encode() if method == "POST" and body is not None else None
         try:
-            async with self._session.request(
-                method, f"http://capd{path}", params=query or None,
-                json=body if method == "POST" else None,
-                headers={"Capd-Session": self.agent_session, **(headers or {})}) as response:
-                text = await response.text()
-                try:
-                    return response.status, json.loads(text) if text else None
-                except ValueError:
-                    return response.status, text
-        except (aiohttp.ClientConnectionError, FileNotFoundError, OSError) as exc:
+            status, data = await self._http.request(method, path, body=payload,
+                                                    headers=all_headers)
+        except OSError as exc:
             await self.close()
             raise DaemonDown(
                 f"capd is not reachable on {self.socket_path} ({exc.__class__.__name__}): is "
                 "the daemon running? Start it with `capd serve`; this bridge reconnects by "
                 "itself."
             ) from exc
+        text = data.decode("utf-8")
+        try:
+            return status, json.loads(text) if text else None
+        except ValueError:
+            return status, text
 
     async def close(self) -> None:
-        """Close the HTTP session."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the kept connections."""
+        await self._http.close()
+
+
+def _normalized(path: str) -> str:
+    """``path`` with its ``.`` and ``..`` segments resolved (RFC 3986 §5.2.4), as sent before."""
+    from yarl import URL
+
+    return URL(f"http://capd{path}").raw_path
 
 
 def _text(value: Any, *, is_error: bool) -> types.CallToolResult:
@@ -361,7 +367,7 @@ async def serve(bridge: Bridge) -> None:
     options = server.create_initialization_options(
         NotificationOptions(tools_changed=bridge.direct_tags is not None))
     try:
-        async with stdio_server() as (read, write), anyio.create_task_group() as group:
+        async with stdio_streams() as (read, write), anyio.create_task_group() as group:
             if bridge.direct_tags is not None:
                 group.start_soon(bridge.watch)
             await server.run(read, write, options)

@@ -1,0 +1,282 @@
+"""A small keep-alive HTTP/1.1 client over a Unix socket, for the MCP bridge's hop to the daemon.
+
+The bridge sends one short JSON request at a time per tool call and waits for its
+answer, so what an HTTP client library adds (URL objects, header multidicts, a
+streaming reader, a connection pool with its own tasks) is most of what the hop
+costs. This client keeps a few connections open and does only what the daemon's
+server (``sidecar/server/_http.py``) needs:
+
+- requests with ``Content-Length`` bodies, one at a time per connection; as many
+  connections as requests are in flight, and up to :data:`MAX_IDLE` kept open
+  between requests, each for at most :data:`IDLE_S` (the daemon closes idle
+  ones after 75 s; aiohttp's client, which this replaces, keeps them 15 s);
+- answers with ``Content-Length`` (all the daemon sends), chunked, or read until
+  the connection closes; ``1xx`` interim answers skipped; ``Connection: close``
+  and HTTP/1.0 honoured;
+- a connection that failed, timed out, was cancelled mid-request, or that the
+  daemon closed, is dropped, and the next request opens a new one. An idempotent
+  request that fails on a kept connection before its answer began is sent once
+  more on a new connection, as aiohttp does (RFC 9112 §9.3.1); a ``POST`` never is.
+
+Failures to reach or read the daemon raise :class:`OSError` (``FileNotFoundError``,
+``ConnectionRefusedError``, ``ConnectionResetError``, ``TimeoutError`` after
+``timeout_s``, :class:`BadResponse` for what is not HTTP). A header name or value
+with a control character raises ``ValueError`` before anything is sent.
+
+It needs an asyncio event loop (anyio's asyncio backend is one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+IDLE_S = 15.0
+MAX_IDLE = 8
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+_FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_MAX_HEAD = 64 * 1024
+
+
+def _field(fields: bytes, name: bytes) -> bytes | None:
+    """The value of header ``name`` in the lower-cased head ``fields``; None when absent."""
+    at = fields.find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    stop = fields.find(b"\r\n", start)
+    return fields[start:stop if stop >= 0 else len(fields)].strip()
+
+
+class BadResponse(ConnectionError):
+    """What the socket answered is not an HTTP/1.x response this client can read."""
+
+
+class _Dropped(ConnectionResetError):
+    """The connection closed before any byte of the answer came."""
+
+
+class _Connection(asyncio.Protocol):
+    """One connection: bytes in, one pending answer at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        self.lost: BaseException | None = None
+        self.last_used = 0.0
+        self.reused = False
+        self.timed_out = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.lost = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def expire(self) -> None:
+        """The exchange took too long: fail it, and drop the connection."""
+        self.timed_out = True
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(TimeoutError("the daemon did not answer in time"))
+        self.close()
+
+    async def more(self) -> None:
+        """Wait for more bytes (or the end of the connection)."""
+        if self.timed_out:
+            raise TimeoutError("the daemon did not answer in time")
+        if self.closed:
+            if self.lost is not None:
+                raise ConnectionResetError(f"connection lost: {self.lost}") from self.lost
+            raise ConnectionResetError("the daemon closed the connection")
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class UnixHttp:
+    """Keep-alive HTTP/1.1 to the server on ``socket_path``."""
+
+    def __init__(self, socket_path: Path | str, *, host: str = "capd",
+                 timeout_s: float = 300.0) -> None:
+        self.socket_path = str(socket_path)
+        self.timeout_s = timeout_s
+        self._host = host
+        self._idle: list[_Connection] = []
+
+    async def request(self, method: str, target: str, *, body: bytes | None = None,
+                      headers: dict[str, str] | None = None,
+                      content_type: str = "application/json") -> tuple[int, bytes]:
+        """Send ``method target`` with ``body``; return the status and the body's bytes."""
+        head = self._head(method, target, body, headers, content_type)
+        retry = method in IDEMPOTENT
+        while True:
+            conn = await self._take()
+            # One timer for the whole exchange (cheaper than asyncio.timeout's bookkeeping).
+            timer = asyncio.get_running_loop().call_later(self.timeout_s, conn.expire)
+            try:
+                status, data, keep = await self._exchange(conn, method, head, body)
+            except _Dropped as exc:
+                conn.close()
+                if retry and conn.reused:
+                    retry = False
+                    continue
+                raise ConnectionResetError(str(exc)) from None
+            except BaseException:
+                conn.close()  # an answer may still come: never reuse the connection
+                raise
+            finally:
+                timer.cancel()
+            if keep and not conn.closed and len(self._idle) < MAX_IDLE:
+                conn.last_used = time.monotonic()
+                conn.reused = True
+                self._idle.append(conn)
+            else:
+                conn.close()
+            return status, data
+
+    async def close(self) -> None:
+        """Close every kept connection."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    # -- the parts ------------------------------------------------------------------
+
+    def _head(self, method: str, target: str, body: bytes | None,
+              headers: dict[str, str] | None, content_type: str) -> bytes:
+        lines = [f"{method} {target} HTTP/1.1\r\nHost: {self._host}\r\n"]
+        if headers:
+            for name, value in headers.items():
+                if (_FORBIDDEN_HEADER_CHARS.search(name) is not None
+                        or _FORBIDDEN_HEADER_CHARS.search(value) is not None):
+                    raise ValueError("Forbidden control character detected in headers. "
+                                     "Potential header injection attack.")
+                lines.append(f"{name}: {value}\r\n")
+        if body is not None:
+            lines.append(f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n")
+        elif method in ("POST", "PUT", "PATCH"):
+            lines.append("Content-Length: 0\r\n")
+        lines.append("\r\n")
+        return "".join(lines).encode("utf-8")
+
+    async def _take(self) -> _Connection:
+        """A kept connection still open and not idle too long, else a new one."""
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and now - conn.last_used < IDLE_S:
+                return conn
+            conn.close()
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.timeout_s):
+            _transport, conn = await loop.create_unix_connection(_Connection, self.socket_path)
+        return conn
+
+    async def _exchange(self, conn: _Connection, method: str, head: bytes,
+                        body: bytes | None) -> tuple[int, bytes, bool]:
+        """Write the request and read its answer: (status, body, whether to keep the connection)."""
+        assert conn.transport is not None
+        conn.buf.clear()
+        if conn.closed:
+            raise _Dropped("the daemon closed the connection")
+        conn.transport.write(head + body if body else head)
+        buf = conn.buf
+        while True:  # the head, after any 1xx interim answers
+            end = buf.find(b"\r\n\r\n")
+            while end < 0:
+                if len(buf) > _MAX_HEAD:
+                    raise BadResponse("the answer's head is too long")
+                if conn.closed and not buf:
+                    raise _Dropped("the daemon closed the connection before answering")
+                await conn.more()
+                end = buf.find(b"\r\n\r\n")
+            head = bytes(buf[:end])
+            del buf[:end + 4]
+            if not (head.startswith(b"HTTP/1.") and head[8:9] == b" " and head[9:12].isdigit()):
+                raise BadResponse(f"not an HTTP/1.x answer: {head[:80]!r}")
+            status = int(head[9:12])
+            if 100 <= status < 200 and status != 101:
+                continue
+            break
+        fields = head.lower()
+        length: int | None = None
+        declared = _field(fields, b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise BadResponse(f"bad Content-Length {declared[:20]!r}")
+            length = int(declared)
+        coding = _field(fields, b"transfer-encoding")
+        chunked = coding is not None and b"chunked" in coding
+        connection = _field(fields, b"connection") or b""
+        keep = (b"close" not in connection
+                and (head[5:8] == b"1.1" or b"keep-alive" in connection))
+        if status in (204, 304) or method == "HEAD" or (length == 0 and not chunked):
+            return status, b"", keep
+        if chunked:
+            return status, await self._chunks(conn), keep
+        if length is not None:
+            while len(buf) < length:
+                await conn.more()
+            data = bytes(buf[:length])
+            del buf[:length]
+            return status, data, keep
+        while not conn.closed:  # no length: the body ends with the connection
+            await conn.more()
+        data = bytes(buf)
+        buf.clear()
+        return status, data, False
+
+    @staticmethod
+    async def _chunks(conn: _Connection) -> bytes:
+        buf, parts = conn.buf, list[bytes]()
+        while True:
+            end = buf.find(b"\r\n")
+            while end < 0:
+                await conn.more()
+                end = buf.find(b"\r\n")
+            size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise BadResponse(f"bad chunk size {size_text[:20]!r}") from None
+            del buf[:end + 2]
+            if size == 0:
+                while (end := buf.find(b"\r\n")) != 0:  # trailers, then the empty line
+                    if end > 0:
+                        del buf[:end + 2]
+                    else:
+                        await conn.more()
+                del buf[:2]
+                return b"".join(parts)
+            while len(buf) < size + 2:
+                await conn.more()
+            parts.append(bytes(buf[:size]))
+            del buf[:size + 2]
