@@ -68,6 +68,9 @@ class OperatorCommand:
     render: str = "json"  # a key of the client's renderers (client/_render.RENDERERS)
     json_mode: bool = True
     mcp: McpTool | None = None
+    # An operator row an operator may offer agents too ([mcp] operator_tools in capd.toml);
+    # off by default, so the row still carries its cli_only reason.
+    optional_mcp: McpTool | None = None
     # Why a row is kept off the agent's surface (never an MCP tool), when that is the point.
     operator_only: str | None = None
     # Why a row that is not operator-only is still not an MCP tool (a test requires one).
@@ -81,8 +84,10 @@ class OperatorCommand:
             if (option.target == "header") != (option.header is not None):
                 raise ValueError(f"row {self.id}: option {option.dest} names a header exactly "
                                  "when its target is 'header'")
-        if self.mcp is not None and self.operator_only is not None:
+        if self.operator_only is not None and (self.mcp or self.optional_mcp) is not None:
             raise ValueError(f"row {self.id}: an operator-only row is never an MCP tool")
+        if self.mcp is not None and self.optional_mcp is not None:
+            raise ValueError(f"row {self.id}: a row is an MCP tool always or on request")
 
 
 FORCE = Option(("--force",), "force", "ignore the per-tool cooldown", is_flag=True)
@@ -313,14 +318,31 @@ COMMANDS: tuple[OperatorCommand, ...] = (
     OperatorCommand("recheck", "Re-probe a disabled capability's missing tools.", "POST",
                     "/recheck/{name}", ("recheck",), "recheck", options=(FORCE,),
                     examples=("capd recheck notes.publish",
-                              "capd recheck notes.publish --force   # even within the cooldown")),
+                              "capd recheck notes.publish --force   # even within the cooldown"),
+                    optional_mcp=McpTool(
+                        "recheck",
+                        "Re-probe a disabled capability's missing tools now and say what came "
+                        "back: live is true when it was restored. Probes within the cooldown "
+                        "are answered from the last result unless force is true.",
+                        {"type": "object", "required": ["id"], "properties": {
+                            "id": {"type": "string",
+                                   "description": "The capability id, e.g. notes.publish."},
+                            "force": {"type": "boolean",
+                                      "description": "Probe even within the cooldown."}}},
+                        path={"id": "name"}, query={"force": "force"})),
     OperatorCommand("recheck-tool", "Re-probe one tool and restore what it unblocks.", "POST",
                     "/recheck-tool/{tool}", ("recheck-tool",), "recheck_tool", options=(FORCE,),
                     examples=("capd recheck-tool sync_server --force",)),
     OperatorCommand("reload", "Full reload: config, declarations, plugins, probes.", "POST",
                     "/reload", ("reload",), "reload",
                     examples=("capd reload   # waits for the outcome; exit 1 says why it failed",
-                              "systemctl reload capd   # the unit's ExecReload runs capd reload")),
+                              "systemctl reload capd   # the unit's ExecReload runs capd reload"),
+                    optional_mcp=McpTool(
+                        "reload",
+                        "Reload capd fully (config, declarations, plugins, every probe) and "
+                        "answer when it is done: ok, how long it took, and the error if it "
+                        "failed (the previous registry then keeps serving).",
+                        {"type": "object", "properties": {}})),
     OperatorCommand("status", "Registry, reload and task statistics.", "GET", "/status",
                     ("status",), "status",
                     examples=("capd status", "capd status --json | jq .reload")),

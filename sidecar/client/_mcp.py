@@ -43,6 +43,10 @@ from ._unixhttp import UnixHttp
 
 META_TOOLS: dict[str, McpTool] = {row.mcp.name: row.mcp for row in COMMANDS if row.mcp}
 _ROWS = {row.mcp.name: row for row in COMMANDS if row.mcp}
+# Operator rows an operator may offer agents ([mcp] operator_tools in capd.toml), by row id.
+OPERATOR_TOOLS: dict[str, McpTool] = {
+    row.id: row.optional_mcp for row in COMMANDS if row.optional_mcp}
+_OPERATOR_ROWS = {row.optional_mcp.name: row for row in COMMANDS if row.optional_mcp}
 DEFAULT_PAGE = 50
 
 
@@ -174,6 +178,7 @@ class Bridge:
     direct_tags: frozenset[str] | None = None
     poll_s: float = 2.0
     _direct: dict[str, types.Tool] = field(default_factory=dict)
+    _operator: dict[str, McpTool] = field(default_factory=dict)  # offered, by tool name
     _session: Any = None
 
     # ------------------------------------------------------------ helpers
@@ -240,6 +245,13 @@ class Bridge:
         self._direct = tools
         return changed
 
+    async def _refresh_operator(self) -> None:
+        """The operator tools the daemon's ``[mcp] operator_tools`` offers now."""
+        status, body = await self.link.request("GET", "/status")
+        names = body.get("mcp", {}).get("operator_tools", []) if status == 200 else []
+        self._operator = {spec.name: spec for row_id, spec in OPERATOR_TOOLS.items()
+                          if row_id in names}
+
     # ---------------------------------------------------------------- MCP
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
@@ -247,6 +259,10 @@ class Bridge:
         self._session = ctx.session
         tools = [types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
                  for t in META_TOOLS.values()]
+        with contextlib.suppress(DaemonDown):  # offered again once the daemon answers
+            await self._refresh_operator()
+        tools += [types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
+                  for t in self._operator.values()]
         if self.direct_tags is not None:
             # When the daemon is down the meta tools still answer, each with the reason.
             with contextlib.suppress(DaemonDown):
@@ -262,6 +278,10 @@ class Bridge:
         try:
             if params.name in META_TOOLS:
                 return await self._call_meta(params.name, arguments)
+            if params.name in _OPERATOR_ROWS:
+                await self._refresh_operator()  # the operator may have turned it off since
+                if params.name in self._operator:
+                    return await self._call_operator(params.name, arguments)
             if self.direct_tags is not None and params.name in self._direct:
                 return await self._invoke(params.name, arguments, None)
         except DaemonDown as exc:
@@ -309,6 +329,31 @@ class Bridge:
         if status >= 400:
             return _problem(status, body)
         return _text(body, is_error=False)
+
+    async def _call_operator(self, name: str, arguments: dict[str, Any]
+                             ) -> types.CallToolResult:
+        """An operator row the daemon offers as a tool: reload, or recheck a capability
+        (only one inside this bridge's profile)."""
+        spec, row = self._operator[name], _OPERATOR_ROWS[name]
+        missing = [a for a in spec.input_schema.get("required", []) if a not in arguments]
+        if missing:
+            return _text(f"{name} needs {', '.join(missing)}", is_error=True)
+        path = row.path
+        for arg, param in spec.path.items():
+            value = str(arguments[arg])
+            if param == "name":
+                checked = await self._check_allowed(value)
+                if isinstance(checked, types.CallToolResult):
+                    return checked
+                value = checked
+            path = path.replace("{" + param + "}", quote(value, safe=""))
+        query = {key: str(arguments[arg]).lower() if isinstance(arguments[arg], bool)
+                 else str(arguments[arg])
+                 for arg, key in spec.query.items() if arguments.get(arg) is not None}
+        status, body = await self.link.request(row.method, path, query=query)
+        if status >= 400 and not (isinstance(body, dict) and "detail" not in body):
+            return _problem(status, body)
+        return _text(body, is_error=status >= 400)  # a failed reload: its own report
 
     async def _list(self, arguments: dict[str, Any]) -> types.CallToolResult:
         if self.profile is None:  # the daemon's own page: the same body as `capd list --json`

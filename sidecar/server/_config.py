@@ -102,6 +102,17 @@ class PolicyConfig(BaseModel):
     ssrf: SsrfConfig = Field(default_factory=SsrfConfig)
 
 
+class McpConfig(BaseModel):
+    """``[mcp]``: what ``capd mcp`` offers an agent beyond the capabilities."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operator_tools: list[Literal["reload", "recheck"]] = Field(
+        default_factory=list,
+        description="Operator commands offered as MCP tools too (off by default): reload "
+        "(answers when the reload is done) and recheck (says what it restored).")
+
+
 class ProfileConfig(BaseModel):
     """``[profiles.NAME]``: the capabilities (name globs) and tags a bound caller may use."""
 
@@ -181,6 +192,7 @@ class CapdConfig(BaseSettings):
     user_code_threads: int = Field(
         16, ge=1, le=256, description="Threads for plain probes, verifiers and hooks.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     peers: list[PeerConfig] = Field(default_factory=list)
     agents: dict[str, AgentSpec] = Field(

@@ -196,6 +196,11 @@ class Daemon:
         self._search_build = (registry, task)
         return task
 
+    @property
+    def operator_tools(self) -> list[str]:
+        """The operator commands ``capd mcp`` offers as tools too (``[mcp] operator_tools``)."""
+        return list(self.loaded.config.mcp.operator_tools)
+
     async def search_index(self) -> SearchIndex:
         """The serving registry's search index; waits (off the loop) while it is built.
 
