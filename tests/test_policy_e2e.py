@@ -184,6 +184,22 @@ op = "pol.echo"
 summary = "The backup echo."
 
 [[capability]]
+name = "pol.quick_fail"
+op = "pol.fails"
+summary = "A read that fails at once and falls back to a slow one."
+auto_fallback = true
+
+[[capability.on_error]]
+error_type = "*"
+try = ["pol.slow_backup"]
+
+[[capability]]
+name = "pol.slow_backup"
+op = "pol.slow"
+summary = "A backup that takes 5 s."
+timeout_s = 10
+
+[[capability]]
 name = "pol.backup_down"
 op = "pol.echo"
 summary = "A backup whose tool is down."
@@ -507,6 +523,22 @@ def test_a_session_name_is_its_uids_and_must_be_plain(pol: Callable[..., DaemonP
     assert "Capd-Session" in bad.body["detail"]
     refused = call(daemon, "pol.write", {"line": "a"}, session="agent-9")
     assert "--session 0:agent-9" in refused.body["message"]
+
+
+def test_a_fallback_gets_what_is_left_of_the_callers_timeout(
+        pol: Callable[..., DaemonProcess]) -> None:
+    """Capd-Timeout bounds the whole call: the fallback runs within what the primary left
+    of it (not its own 10 s), and a fallback that overruns it leaves the primary's error."""
+    daemon = pol()
+    started = time.monotonic()
+    answer = request(daemon.socket, "POST", "/call/pol.quick_fail", body={"text": "x"},
+                     headers={"Capd-Timeout": "0.5"})
+    elapsed = time.monotonic() - started
+    assert answer.status == 503, answer.body
+    assert (answer.body["error_type"], answer.body["answered_by"]) == ("TimeoutError", None)
+    assert elapsed < 3, f"the fallback ran past the caller's 0.5 s: {elapsed:.1f} s"
+    unbounded = call(daemon, "pol.quick_fail", {"text": "x"})  # no header: its own 10 s
+    assert (unbounded.status, unbounded.body["answered_by"]) == (200, "pol.slow_backup")
 
 
 def test_fallback_cycles_do_not_recurse(pol: Callable[..., DaemonProcess]) -> None:

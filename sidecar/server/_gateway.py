@@ -381,7 +381,7 @@ class Gateway:
         if (not fallback and not result.ok and cap.auto_fallback
                 and cap.fallbacks_for(result.error_type or "")):
             result = await self._fall_back(registry, policy, cap, params, caller, request_id,
-                                           result)
+                                           result, started, options or _PLAIN)
         # "No progress" is a read answering the same again: a write acknowledging each
         # time with the same constant (or nothing) is not a loop.
         if checked and not cap.mutates_state and result.result not in (None, "", [], {}):
@@ -397,11 +397,20 @@ class Gateway:
 
     async def _fall_back(
         self, registry: Registry, policy: Policy, cap: Capability, params: BaseModel,
-        caller: Caller, request_id: str, failed: ToolResult,
+        caller: Caller, request_id: str, failed: ToolResult, started: float,
+        options: _CallOptions,
     ) -> ToolResult:
-        """Try the error's chain in order (read-only capabilities that opted in)."""
+        """Try the error's chain in order (read-only capabilities that opted in).
+
+        A caller's timeout bounds the whole call: each fallback gets what is left of it
+        (its own ``timeout_s`` when shorter), and none is tried once it is spent.
+        """
         tried = []
         for name in cap.fallbacks_for(failed.error_type or ""):
+            left_s = (None if options.timeout_s is None
+                      else options.timeout_s - (self._clock() - started))
+            if left_s is not None and left_s <= 0:
+                break
             other = registry.get(name)
             if registry.disabled_entry(other.name) is not None or other.mutates_state:
                 continue
@@ -414,7 +423,8 @@ class Gateway:
                 continue
             tried.append(other.name)
             answer, _ = await self._guarded(registry, policy, other, model, raw, caller,
-                                            request_id, self._clock(), fallback=True)
+                                            request_id, self._clock(), fallback=True,
+                                            options=_CallOptions(left_s))
             if answer.ok:
                 policy.note("fallback", "answered", capability=cap.name, caller=caller,
                             reason=f"{other.name} answered after {failed.error_type}",
