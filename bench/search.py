@@ -11,12 +11,21 @@ hybrid without the thesaurus, and the BM25 of the previous release, for
 comparison. ``--holdout`` adds the held-out halves (run once, at the end).
 
 Speed: search latency p50/p99 over 1,000 and 10,000 capabilities (the real
-catalogues pooled, then renamed copies), the build time of the 10,000 (and the
-part of it spent embedding), and the memory the search adds, measured in a
-fresh process. Context economy: the token size of what `tools/list` returns
-in meta mode against direct mode.
+catalogues pooled, then renamed copies) beside bm25s (BM25 in numpy) on the same
+documents (the text capd's BM25 indexes: name, aliases, tags, summary and
+description) and the same queries, top 5 each: capd's hybrid search, capd's BM25
+alone and bm25s in interleaved rounds, after one untimed warm-up pass of each.
+Each query's figure is the CPU time of this process while it runs (every thread:
+the tokenizer's pool, BLAS), the wall time printed beside it; a round's p50 and
+p99 are over its queries, and the figure is their median over rounds (min-max in
+the results table). Then the build time of the 10,000 (and the part of it spent
+embedding), and the memory the search adds, measured in a fresh process. Context
+economy: the token size of what `tools/list` returns in meta mode against direct
+mode.
 
-    python bench/search.py [--holdout]
+    python bench/search.py [--holdout] [--rounds 5] [--results FILE] [--speed-only]
+
+bm25s comes from the `bench` extra; without it the comparison is skipped.
 """
 
 from __future__ import annotations
@@ -29,17 +38,19 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import textwrap
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from bench._harness import Results, spread
 from capd.registry import Capability, SearchIndex, estimate_tokens, parameters_schema
 from capd.registry import _lexical as lexical
-from capd.registry._search import Fusion
+from capd.registry._search import Fusion, _fields
 from capd.registry._terms import tokenize
 from capd.registry._thesaurus import build_expansions
 from capd.sidecar.client._mcp import META_TOOLS
@@ -143,25 +154,101 @@ def _pooled(target: int) -> list[Capability]:
     return caps[:target]
 
 
-def speed() -> None:
+Search = Callable[[str], object]
+
+
+def _bm25s(caps: Sequence[Capability]) -> tuple[Search, float] | None:
+    """bm25s over the text capd's BM25 indexes (same k1 and b), and its build time; None
+    when bm25s is not installed. A query is tokenized as its corpus was (English stop
+    words, the same Snowball stemmer capd uses), then the top 5 retrieved."""
+    try:
+        import bm25s
+        import Stemmer
+    except ImportError:
+        return None
+    stemmer = Stemmer.Stemmer("english")
+    started = time.perf_counter()
+    corpus = [" ".join(t for t in _fields(c).values() if t) for c in caps]
+    tokens = bm25s.tokenize(corpus, stopwords="en", stemmer=stemmer, show_progress=False)
+    retriever = bm25s.BM25(k1=1.2, b=0.75)
+    retriever.index(tokens, show_progress=False)
+    built = time.perf_counter() - started
+
+    def search(query: str) -> object:
+        terms = bm25s.tokenize([query], stopwords="en", stemmer=stemmer, return_ids=False,
+                               show_progress=False)
+        return retriever.retrieve(terms, k=5, show_progress=False)
+
+    return search, built
+
+
+def _pass(search: Search, texts: Sequence[str]) -> tuple[list[float], list[float]]:
+    """Per-query CPU time and wall time (ms) of one pass over ``texts``."""
+    cpu, wall = [], []
+    for query in texts:
+        c0, w0 = time.process_time_ns(), time.perf_counter_ns()
+        search(query)
+        w1, c1 = time.perf_counter_ns(), time.process_time_ns()
+        cpu.append((c1 - c0) / 1e6)
+        wall.append((w1 - w0) / 1e6)
+    return cpu, wall
+
+
+def _p50_p99(times: Sequence[float]) -> tuple[float, float]:
+    ordered = sorted(times)
+    return statistics.median(ordered), ordered[int(len(ordered) * .99)]
+
+
+def speed(results: Results, rounds: int) -> None:
     texts = [q for name in THIRD_PARTY_SETS for q, _ in load_set_queries(name, "dev")]
     texts += [q for q, _ in load_queries()]
+    print(f"  {len(texts)} queries, top 5, {rounds} interleaved rounds after a warm-up pass; "
+          "per-query CPU time (wall in brackets), median of the rounds' p50 and p99")
     for target in (1000, 10000):
         caps = _pooled(target)
         started = time.perf_counter()
         index = SearchIndex(caps)
         built = time.perf_counter() - started
-        for method in ("hybrid", "bm25"):
-            times = []
-            for query in texts:
-                started = time.perf_counter()
-                index.search(query, k=5, method=method)  # type: ignore[arg-type]
-                times.append(time.perf_counter() - started)
-            times.sort()
-            p50, p99 = statistics.median(times) * 1e3, times[int(len(times) * .99)] * 1e3
-            print(f"  {method:<6} search over {target:>6} capabilities: p50 {p50:.3f} ms  "
-                  f"p99 {p99:.3f} ms  ({len(times)} queries)")
-        print(f"  build of {target} capabilities: {built:.2f} s")
+        runners: dict[str, Search] = {"capd hybrid": functools.partial(index.search, k=5)}
+        peer = _bm25s(caps)
+        if peer is None:
+            print("  bm25s is not installed (pip install -e '.[bench]'): skipped")
+        else:
+            runners["bm25s"] = peer[0]
+        runners["capd bm25 only"] = functools.partial(index.search, k=5, method="bm25")
+        for search in runners.values():
+            _pass(search, texts)  # warm-up: caches, page faults, lazy imports
+        p50s: dict[str, list[float]] = {name: [] for name in runners}
+        p99s: dict[str, list[float]] = {name: [] for name in runners}
+        walls: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
+        for _ in range(rounds):
+            for name, search in runners.items():
+                cpu, wall = _pass(search, texts)
+                p50, p99 = _p50_p99(cpu)
+                p50s[name].append(p50)
+                p99s[name].append(p99)
+                walls[name].append(_p50_p99(wall))
+        for name in runners:
+            p50, lo50, hi50 = spread(p50s[name])
+            p99, lo99, hi99 = spread(p99s[name])
+            wall50 = statistics.median(w[0] for w in walls[name])
+            wall99 = statistics.median(w[1] for w in walls[name])
+            versus = ""
+            if name != "bm25s" and "bm25s" in runners:
+                versus = (f"  = {p50 / statistics.median(p50s['bm25s']):.2f}x / "
+                          f"{p99 / statistics.median(p99s['bm25s']):.2f}x bm25s")
+            print(f"  {name:<15} over {target:>6} capabilities: p50 {p50:.3f} ms "
+                  f"({lo50:.3f}-{hi50:.3f}) [{wall50:.3f}]  p99 {p99:.3f} ms "
+                  f"({lo99:.3f}-{hi99:.3f}) [{wall99:.3f}]{versus}")
+            compared = name != "bm25s" and "bm25s" in runners
+            for quantile, values in (("p99", p99s), ("p50", p50s)):
+                results.add("search", f"{name} {quantile}, {target:,} capabilities, top 5",
+                            values[name], "ms CPU/query",
+                            against=f"bm25s {quantile}" if compared else "",
+                            against_values=values["bm25s"] if compared else None,
+                            note=f"{len(texts)} queries, median of the rounds' {quantile}")
+        print(f"  build of {target} capabilities: capd {built:.2f} s"
+              + (f", bm25s {peer[1]:.2f} s" if peer is not None else ""))
 
 
 _MEMORY_PROBE = textwrap.dedent("""
@@ -224,10 +311,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--holdout", action="store_true",
                         help="also the held-out halves (run once, when the method is frozen)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved timed rounds of the speed comparison (3 or more)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="append the speed figures to this file (JSON lines)")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the speed comparison (no quality, memory or context)")
     args = parser.parse_args()
-    quality(args.holdout)
+    if args.rounds < 3:
+        parser.error("--rounds: at least 3")
+    results = Results(args.results)
+    if not args.speed_only:
+        quality(args.holdout)
     print("speed")
-    speed()
+    speed(results, args.rounds)
+    if args.speed_only:
+        return
     print("memory, 10,000 capabilities, fresh process")
     memory()
     context_economy()

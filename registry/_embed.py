@@ -5,7 +5,10 @@ per token of the Llama-2 tokenizer (32,000 x 256, float16, 16 MB), trained so
 that the mean of a text's token vectors places paraphrases close together. A
 text's embedding is that mean, scaled to unit length; there is no network, no
 GPU and no neural network to run, only a table look-up, so embedding a capsule
-takes microseconds and a query well under a millisecond.
+takes microseconds and a query well under a millisecond. Each distinct word is
+tokenized once and its token ids kept (up to 32,768 words, the capsules' and then
+the queries', in at most 4 MiB), so a query's words are looked up, not tokenized
+again.
 
 The weights and the tokenizer ship inside the ``wordllama`` wheel; this module
 reads the two files straight from the installed package (the safetensors file
@@ -22,11 +25,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import struct
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -43,6 +47,9 @@ _WEIGHTS = "weights/l2_supercat_256.safetensors"
 _TOKENIZER = "tokenizers/l2_supercat_tokenizer_config.json"
 _BATCH = 256
 _SMALL = 32
+# Words whose token ids are kept (capsule words from index builds, then query words).
+_WORD_CACHE = 32768
+_FIRST = np.zeros(1, dtype=np.intp)  # reduceat's start of the one text of a query
 
 
 class Embedder(Protocol):
@@ -70,8 +77,14 @@ class StaticEmbedder:
     def __init__(self, table: npt.NDArray[np.float16], tokenizer: Tokenizer,
                  model_id: str = MODEL_ID) -> None:
         self._table = table
+        # The same memory as a plain array: indexing an np.memmap goes through Python.
+        self._rows: npt.NDArray[np.float16] = table.view(np.ndarray)
         self._tokenizer = tokenizer
         self._model_id = model_id
+        # word -> its token ids (clipped to the table) as the bytes of an array of
+        # ``_id_type``, so that a word is tokenized once and a text's ids are one join.
+        self._ids: dict[str, bytes] = {}
+        self._id_type = np.uint16 if table.shape[0] <= 1 << 16 else np.uint32
 
     @property
     def model_id(self) -> str:
@@ -87,11 +100,29 @@ class StaticEmbedder:
         Batches bound the memory a large build needs: the token vectors of one batch
         are gathered, summed per text and dropped before the next.
         """
+        if len(texts) == 1:
+            return self._embed_one(texts[0])
         out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
         for start in range(0, len(texts), _BATCH):
             self._embed_batch(texts[start:start + _BATCH], out[start:start + _BATCH])
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        # np.linalg.norm(out, axis=1, keepdims=True), without its argument checks.
+        norms = np.sqrt(np.add.reduce(out * out, axis=1, keepdims=True))
         np.divide(out, norms, out=out, where=norms > 0)
+        return out
+
+    def _embed_one(self, text: str) -> Vectors:
+        """A query: the same sum as :meth:`_embed_batch` and the same division by the
+        norm, in fewer numpy calls (the float16 rows are widened first, which adds them
+        in the same order as summing with dtype=float32 does)."""
+        words = text.split()
+        ids_of = self._ids_of(words)
+        ids = np.frombuffer(b"".join([ids_of[w] for w in words]), dtype=self._id_type)
+        if not len(ids):
+            return np.zeros((1, self.dimensions), dtype=np.float32)
+        out: Vectors = np.add.reduceat(self._rows[ids].astype(np.float32), _FIRST, axis=0)
+        norm = np.sqrt(np.add.reduce(out[0] * out[0]))
+        if norm > 0:
+            out /= norm
         return out
 
     def _embed_batch(self, texts: Sequence[str], out: Vectors) -> None:
@@ -101,25 +132,41 @@ class StaticEmbedder:
         # so each distinct word is tokenized once on its own, and a text's tokens
         # are its words' tokens in order.
         split = [text.split() for text in texts]
-        unique = list(dict.fromkeys(w for ws in split for w in ws))
-        if not unique:
-            return
-        # A query's few words are encoded in this thread: the batch call hands them to
-        # a thread pool, whose wake-up costs more than the work.
-        pieces = (self._tokenizer.encode_batch(unique, add_special_tokens=False)
-                  if len(unique) > _SMALL else
-                  [self._tokenizer.encode(w, add_special_tokens=False) for w in unique])
-        ids_of = {w: e.ids for w, e in zip(unique, pieces, strict=True)}
-        lengths = np.fromiter((sum(len(ids_of[w]) for w in ws) for ws in split),
+        ids_of = self._ids_of(w for ws in split for w in ws)
+        width = np.dtype(self._id_type).itemsize
+        lengths = np.fromiter((sum(len(ids_of[w]) for w in ws) // width for ws in split),
                               dtype=np.int64, count=len(split))
         if not lengths.any():
             return
-        ids = np.fromiter((i for ws in split for w in ws for i in ids_of[w]), dtype=np.int64,
-                          count=int(lengths.sum()))
-        np.clip(ids, 0, self._table.shape[0] - 1, out=ids)
+        ids = np.frombuffer(b"".join([ids_of[w] for ws in split for w in ws]),
+                            dtype=self._id_type)
         filled = lengths > 0
         starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[filled]
-        out[filled] = np.add.reduceat(self._table[ids], starts, axis=0, dtype=np.float32)
+        out[filled] = np.add.reduceat(self._rows[ids], starts, axis=0, dtype=np.float32)
+
+    def _ids_of(self, words: Iterable[str]) -> dict[str, bytes]:
+        """The word cache, holding the token ids (clipped to the table) of ``words``."""
+        if len(self._ids) > _WORD_CACHE:
+            self._ids = {}  # a new dict: a search in another thread keeps the one it has
+        ids_of = self._ids
+        unique = list(dict.fromkeys(w for w in words if w not in ids_of))
+        if unique:
+            # A query's few words are encoded in this thread: the batch call hands them
+            # to a thread pool, whose wake-up costs more than the work.
+            pieces = (self._tokenizer.encode_batch(unique, add_special_tokens=False)
+                      if len(unique) > _SMALL else
+                      [self._tokenizer.encode(w, add_special_tokens=False) for w in unique])
+            counts = [len(encoding.ids) for encoding in pieces]
+            flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in pieces),
+                               dtype=np.int64, count=sum(counts))
+            np.clip(flat, 0, self._rows.shape[0] - 1, out=flat)
+            raw = flat.astype(self._id_type).tobytes()
+            width = np.dtype(self._id_type).itemsize
+            at = 0
+            for word, count in zip(unique, counts, strict=True):
+                ids_of[word] = raw[at:at + count * width]
+                at += count * width
+        return ids_of
 
     def knows(self, word: str) -> bool:
         """Whether `` word`` is a single token: a common word, not a misspelling."""

@@ -4,13 +4,19 @@ Fields are weighted by repeating their terms (see :data:`FIELD_WEIGHTS`). Each
 term's postings are two arrays built once per index: the documents that hold it
 and their BM25 contribution (idf x saturated term frequency), so a query adds a
 handful of array slices into one score vector and never loops over documents in
-Python.
+Python. A term held by more than one document in :data:`_DENSE_SHARE` keeps its
+contributions as one dense row instead (zero where it does not occur): adding a
+whole row is cheaper than scattering thousands of entries, and adds exactly the
+same numbers.
 
 A query word the catalogue does not use (after stemming) and that is long
 enough to be a misspelling is replaced by the nearest catalogue term within a
 small edit distance (optimal string alignment: a swap of two letters is one
-edit), found with rapidfuzz, at :data:`TYPO_WEIGHT`. Each query term then brings
-its thesaurus relatives at ``EXPANSION_WEIGHT``.
+edit), found with rapidfuzz, at :data:`TYPO_WEIGHT`. Only catalogue terms with
+the misspelling's first letter and a length within the edit limit of its own are
+compared (no other term can qualify), so a repair looks at a few dozen terms,
+not the whole vocabulary. Each query term then brings its thesaurus relatives at
+``EXPANSION_WEIGHT``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +42,8 @@ TYPO_WEIGHT = 0.8
 # The shortest query term repaired at one edit, and at two.
 _TYPO_ONE_EDIT = 5
 _TYPO_TWO_EDITS = 8
+# A term in more than this share of the documents keeps a dense row of contributions.
+_DENSE_SHARE = 1 / 8
 
 _EXPANSIONS = build_expansions(tokenize)
 
@@ -49,9 +57,12 @@ def expand(terms: Iterable[str]) -> dict[str, float]:
     return weights
 
 
-@dataclass(frozen=True)
-class QueryTerm:
-    """One term a query looks for: its weight and how it came from the query."""
+class QueryTerm(NamedTuple):
+    """One term a query looks for: its weight and how it came from the query.
+
+    (A named tuple: a long query makes a hundred of them, and a frozen dataclass
+    takes several times as long to make.)
+    """
 
     term: str
     weight: float
@@ -84,14 +95,22 @@ class LexicalIndex:
         average = float(lengths.mean()) if self.size else 1.0
         norm = k1 * (1 - b + b * lengths / max(average, 1.0))
         self._postings: dict[str, tuple[npt.NDArray[np.int32], Scores]] = {}
+        self._dense: dict[str, Scores] = {}
         for term, rows in counts.items():
             ids = np.fromiter((p for p, _ in rows), dtype=np.int32, count=len(rows))
             freq = np.fromiter((c for _, c in rows), dtype=np.float32, count=len(rows))
             idf = math.log(1 + (self.size - len(rows) + 0.5) / (len(rows) + 0.5))
             contribution = (idf * freq * (k1 + 1) / (freq + norm[ids])).astype(np.float32)
             self._postings[term] = (ids, contribution)
-        self._vocabulary = list(self._postings)
+            if len(rows) > self.size * _DENSE_SHARE:
+                dense = np.zeros(self.size, dtype=np.float32)
+                dense[ids] = contribution
+                self._dense[term] = dense
         self._frequency = {term: len(ids) for term, (ids, _) in self._postings.items()}
+        # Typo candidates by first letter, then by length (see repair).
+        self._by_initial: dict[str, dict[int, list[str]]] = {}
+        for term in self._postings:
+            self._by_initial.setdefault(term[:1], {}).setdefault(len(term), []).append(term)
 
     def __contains__(self, term: object) -> bool:
         return term in self._postings
@@ -105,34 +124,49 @@ class LexicalIndex:
         if term in self._postings or not term.isalpha() or len(term) < _TYPO_ONE_EDIT:
             return None
         limit = 2 if len(term) >= _TYPO_TWO_EDITS else 1
-        found = process.extract(term, self._vocabulary, scorer=OSA.distance,
-                                score_cutoff=limit, limit=None)
         # A misspelling keeps its first letter far more often than not; requiring it
         # stops a rare real word from turning into its neighbour (picker -> ticker).
-        found = [hit for hit in found if hit[0][:1] == term[:1]]
+        # A term whose length differs by more than ``limit`` is more than ``limit``
+        # edits away.
+        by_length = self._by_initial.get(term[:1], {})
+        candidates = [t for n in range(len(term) - limit, len(term) + limit + 1)
+                      for t in by_length.get(n, ())]
+        if not candidates:
+            return None
+        found = process.extract(term, candidates, scorer=OSA.distance,
+                                score_cutoff=limit, limit=None)
         if not found:
             return None
         best = min(found, key=lambda hit: (hit[1], -self._frequency[hit[0]], hit[0]))
         return str(best[0])
 
-    def query_terms(self, query: str, *, expand_relatives: bool = True) -> list[QueryTerm]:
-        """The weighted terms ``query`` looks for, repaired and expanded."""
+    def query_terms(self, query: str, *, expand_relatives: bool = True,
+                    query_words: Sequence[str] | None = None) -> list[QueryTerm]:
+        """The weighted terms ``query`` looks for, repaired and expanded.
+
+        ``query_words``: ``words(query)`` when the caller has it already.
+        """
         chosen: dict[str, QueryTerm] = {}
-        for word in words(query):
+        postings, known = self._postings, self._known
+        for word in words(query) if query_words is None else query_words:
             if len(word) < 2 or word in STOP_WORDS:
                 continue
             term = stem(word)
             if term in chosen:
                 continue
-            # A word the language model knows as one token is a real word, not a typo.
-            fixed = None if self._known(word) else self.repair(term)
+            # A catalogue term needs no repair; a word the language model knows as one
+            # token is a real word, not a typo.
+            fixed = None if term in postings or known(word) else self.repair(term)
             if fixed is None:
                 chosen[term] = QueryTerm(term, 1.0, term)
             elif fixed not in chosen:
                 chosen[fixed] = QueryTerm(fixed, TYPO_WEIGHT, term, "typo")
         if expand_relatives:
             for qt in list(chosen.values()):
-                for related in sorted(_EXPANSIONS.get(qt.term, ())):
+                relatives = _EXPANSIONS.get(qt.term)
+                if not relatives:
+                    continue
+                for related in sorted(relatives):
                     if related not in chosen:
                         chosen[related] = QueryTerm(related, EXPANSION_WEIGHT * qt.weight,
                                                     qt.source, "thesaurus")
@@ -140,12 +174,27 @@ class LexicalIndex:
 
     def scores(self, terms: Sequence[QueryTerm]) -> Scores:
         """BM25 score of every document for ``terms`` (zero where no term occurs)."""
+        # Each document gets total + weight x contribution for each of its terms, in the
+        # order of the terms, in float32, whichever way it is added: a run of sparse
+        # terms is added in one call (np.add.at adds in the order of its indices), a
+        # dense row on its own.
         total = np.zeros(self.size, dtype=np.float32)
+        run_ids: list[npt.NDArray[np.int32]] = []
+        run_values: list[Scores] = []
         for qt in terms:
             posting = self._postings.get(qt.term)
-            if posting is not None:
+            if posting is None:
+                continue
+            dense = self._dense.get(qt.term)
+            if dense is not None:
+                _add_run(total, run_ids, run_values)
+                total += dense if qt.weight == 1.0 else qt.weight * dense
+            else:
                 ids, contribution = posting
-                total[ids] += qt.weight * contribution
+                run_ids.append(ids)
+                run_values.append(contribution if qt.weight == 1.0
+                                  else qt.weight * contribution)
+        _add_run(total, run_ids, run_values)
         return total
 
     def matched(self, position: int, terms: Sequence[QueryTerm]) -> list[QueryTerm]:
@@ -160,3 +209,13 @@ class LexicalIndex:
             if at < len(ids) and ids[at] == position:
                 found.append(qt)
         return found
+
+
+def _add_run(total: Scores, ids: list[npt.NDArray[np.int32]], values: list[Scores]) -> None:
+    """Add a run of sparse postings to ``total``, in order, and empty the run."""
+    if len(ids) == 1:
+        np.add.at(total, ids[0], values[0])
+    elif ids:
+        np.add.at(total, np.concatenate(ids), np.concatenate(values))
+    ids.clear()
+    values.clear()

@@ -158,10 +158,14 @@ class SearchIndex:
         known = self._embedder.knows if self._embedder is not None else (lambda _word: False)
         self._lexical = LexicalIndex([_fields(c) for c in self._caps], k1=k1, b=b, known=known)
         self._vectors: Vectors | None = None
+        self._blocks: list[tuple[Vectors, slice]] = []
         self.embedded = 0
         if self._embedder is not None and self._caps:
             texts = [semantic_text(c) for c in self._caps]
             self._vectors, self.embedded = embed_with_cache(self._embedder, texts, cache_dir)
+            self._blocks = [(self._vectors[start:start + _BLOCK_ROWS],
+                             slice(start, start + _BLOCK_ROWS))
+                            for start in range(0, len(self._vectors), _BLOCK_ROWS)]
 
     def __len__(self) -> int:
         return len(self._caps)
@@ -220,18 +224,15 @@ class SearchIndex:
         hits: list[Hit] = []
         if exact is not None and passes(exact):
             hits.append(Hit(self._caps[exact], math.inf, exact=True))
-        terms = self._lexical.query_terms(query) if method != "semantic" else []
+        query_words = words(query)
+        terms = (self._lexical.query_terms(query, query_words=query_words)
+                 if method != "semantic" else [])
         lexical = self._lexical.scores(terms)
         semantic, query_vector = self._semantic(query, terms, method)
         fused = self._fuse(lexical, semantic)
         if boost:
-            for name, factor in boost.items():
-                at = self._position.get(name)
-                if at is not None:
-                    # A fused score can be negative (a cosine below the query's mean):
-                    # a factor under 1 must still lower it, so it divides those.
-                    fused[at] = fused[at] * factor if fused[at] >= 0 else fused[at] / factor
-        content = bool(words(query))
+            self._boost(fused, boost)
+        content = bool(query_words)
         if semantic is None or not content:
             # BM25 alone (or no query): only capabilities that share a term rank.
             fused[lexical <= 0] = -np.inf
@@ -267,10 +268,39 @@ class SearchIndex:
         # In blocks small enough that BLAS stays on this thread: a threaded product over
         # 10,000 rows is no faster on two cores, and a descheduled helper thread makes
         # the slowest searches ten times slower (p99 12 ms against 0.5 ms, measured).
-        for start in range(0, len(self._vectors), _BLOCK_ROWS):
-            block = slice(start, start + _BLOCK_ROWS)
-            np.dot(self._vectors[block], vector, out=cosines[block])
+        # This product reads every capsule vector (10 MB at 10,000 capabilities) and is
+        # most of a search's time.
+        for rows, block in self._blocks:
+            np.dot(rows, vector, out=cosines[block])
         return cosines, vector
+
+    def _boost(self, fused: Scores, boost: Mapping[str, float]) -> None:
+        """Multiply the fused scores of the capabilities ``boost`` names by their factors.
+
+        A fused score can be negative (a cosine below the query's mean): a factor under 1
+        must still lower it, so it divides those.
+        """
+        found = list(map(self._position.get, boost.keys()))
+        factors = list(boost.values())
+        if None in found:
+            factors = [f for at, f in zip(found, factors, strict=True) if at is not None]
+            found = [at for at in found if at is not None]
+        if not found:
+            return
+        positions = np.fromiter(found, dtype=np.intp, count=len(found))
+        if not set(map(type, factors)) <= {float, int}:
+            # Not plain Python numbers: keep numpy's promotion of each product.
+            for position, factor in zip(positions.tolist(), factors, strict=True):
+                value = fused[position]
+                fused[position] = value * factor if value >= 0 else value / factor
+            return
+        # A Python number meets a float32 score as a float32: the same products, at once.
+        scale = np.fromiter(factors, dtype=np.float32, count=len(factors))
+        values = fused[positions]
+        up = values >= 0
+        boosted = np.multiply(values, scale, out=np.empty_like(values), where=up)
+        np.divide(values, scale, out=boosted, where=~up)
+        fused[positions] = boosted
 
     @staticmethod
     def _repair_word(word: str, repaired: Mapping[str, str]) -> str:
@@ -291,30 +321,51 @@ class SearchIndex:
                 lexical_part = fusion.weight / (fusion.rrf_k + _ranks(lexical))
                 fused = np.where(lexical > 0, fused + lexical_part, fused)
             return fused.astype(np.float32)
-        mean = float(semantic.mean())
+        mean = _mean(semantic)
         # A floor under the spread: in a small catalogue the best and the mean cosine can
         # be close, and dividing by their gap would blow a tiny difference up to 1.
         spread = max(float(semantic.max()) - mean, SEMANTIC_SPREAD_FLOOR)
-        scaled = (semantic - mean) / spread
-        fused = (1 - fusion.weight) * scaled
+        # (1 - weight) x (semantic - mean) / spread + weight x (lexical / best), each step
+        # in float32, in place.
+        convex: Scores = np.subtract(semantic, mean, dtype=np.float32)
+        convex /= spread
+        convex *= 1 - fusion.weight
         if best > 0:
-            fused = fused + fusion.weight * (lexical / best)
-        return fused.astype(np.float32)
+            lexical_part = np.divide(lexical, best, dtype=np.float32)
+            lexical_part *= fusion.weight
+            convex += lexical_part
+        return convex
 
     def _pick(self, fused: Scores, passes: Callable[[int], bool], k: int,
               exclude: int | None) -> list[int]:
-        """The best ``k`` positions that pass, best first, ties by name."""
+        """The best ``k`` positions that pass, best first, ties by name.
+
+        Only the best few dozen are sorted: the candidates are every position scoring
+        at least the ``depth``-th best score (ties included), and ``depth`` grows only
+        when filters reject too many of them.
+        """
         total = len(fused)
         depth = min(total, max(4 * k, 32))
         while True:
-            if depth < total:
-                top = np.argpartition(-fused, depth - 1)[:depth]
-                order = top[np.lexsort((top, -fused[top]))]
+            complete = depth >= total
+            if complete:
+                top = np.arange(total)
             else:
-                order = np.lexsort((np.arange(total), -fused))
-            chosen = [int(i) for i in order
-                      if np.isfinite(fused[i]) and i != exclude and passes(int(i))][:k]
-            if len(chosen) >= k or depth >= total:
+                kth = np.partition(fused, total - depth)[total - depth]
+                if np.isfinite(kth):
+                    top = np.flatnonzero(fused >= kth)
+                else:  # fewer than ``depth`` finite scores: they are all the candidates
+                    top = np.flatnonzero(np.isfinite(fused))
+                    complete = True
+            order = top[np.lexsort((top, -fused[top]))]
+            finite = np.isfinite(fused[order])
+            chosen: list[int] = []
+            for i, ok in zip(order.tolist(), finite.tolist(), strict=True):
+                if ok and i != exclude and passes(i):
+                    chosen.append(i)
+                    if len(chosen) == k:
+                        return chosen
+            if complete or len(top) >= total:
                 return chosen
             depth = min(total, depth * 8)
 
@@ -339,6 +390,13 @@ class SearchIndex:
                 neighbours = tuple(candidates[j] for j in best if similarity[j] > 0.2)
         return Explanation(tuple(matched), neighbours, round(float(lexical[i]), 4),
                            round(float(semantic[i]), 4) if semantic is not None else 0.0)
+
+
+def _mean(scores: Scores) -> float:
+    """``float(scores.mean())`` to the bit (float32 sum, then divided in float64 and
+    rounded to float32), without numpy's generic reduction wrapper."""
+    total = np.add.reduce(scores, axis=None)
+    return float(total.dtype.type(total / np.intp(len(scores))))
 
 
 def _ranks(scores: Scores) -> npt.NDArray[np.float32]:

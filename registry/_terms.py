@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import re
+import string
 
 import Stemmer  # type: ignore[import-not-found]  # PyStemmer is a C module with no stubs
 
@@ -30,6 +31,25 @@ _LETTER_DIGIT = re.compile(r"\b([a-z]+)-(\d)")
 _COMPOUND = re.compile(r"\b([a-z]+)-([a-z]+)\b")
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
 _ABBREVIATION_PLURAL = re.compile(r"\b([A-Z]{2,})s\b")
+# A text's shape: each ASCII upper-case letter "A", lower-case letter "a" (but "s"),
+# digit "0". A rule whose pattern cannot occur in the shape is not run: a regular
+# expression costs some 20 ns a character, a look in the shape about one.
+_SHAPE = str.maketrans({**dict.fromkeys(string.ascii_uppercase, "A"),
+                        **dict.fromkeys(string.ascii_lowercase, "a"), "s": "s",
+                        **dict.fromkeys(string.digits, "0")})
+
+
+class _Spaces(dict[int, str]):
+    """A translation table that turns every character it does not list into a space."""
+
+    def __missing__(self, key: int) -> str:
+        return " "
+
+
+# Letters a-z and digits kept, everything else a space: ``text.translate(_WORDS).split()``
+# is ``_WORD.findall(text)``, three times faster on a long text.
+_WORDS = _Spaces({c: chr(c) if chr(c) in string.ascii_lowercase + string.digits else " "
+                  for c in range(128)})
 STOP_WORDS = frozenset({
     "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "for", "from", "get", "how",
     "i", "in", "into", "is", "it", "me", "my", "of", "on", "or", "please", "show", "some",
@@ -105,10 +125,21 @@ def stem(word: str) -> str:
 
 def words(text: str) -> list[str]:
     """The lower-case words of ``text`` after the joining rules, stop words included."""
-    text = _ABBREVIATION_PLURAL.sub(r"\1", _CAMEL.sub(" ", text)).lower()
-    text = _LETTER_DIGIT.sub(r"\1\2", text)
-    text = _COMPOUND.sub(r"\1 \2 \1\2", text)
-    return _WORD.findall(text)
+    lower = text.lower()
+    if lower != text:  # the case rules need an upper-case letter
+        shape = text.translate(_SHAPE)
+        if "aA" in shape or "sA" in shape:
+            text = _CAMEL.sub(" ", text)
+        if "AAs" in shape:  # (the camelCase rule never splits such a run)
+            text = _ABBREVIATION_PLURAL.sub(r"\1", text)
+        lower = text.lower()
+    if "-" in lower:  # and the joining rules a hyphen
+        shape = lower.translate(_SHAPE)
+        if "a-" in shape or "s-" in shape:  # (not "a-0": \d also matches other digits)
+            lower = _LETTER_DIGIT.sub(r"\1\2", lower)
+        if "-a" in shape or "-s" in shape:
+            lower = _COMPOUND.sub(r"\1 \2 \1\2", lower)
+    return lower.translate(_WORDS).split()
 
 
 def tokenize(text: str) -> list[str]:
