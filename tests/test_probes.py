@@ -89,6 +89,54 @@ async def test_http_fails_when_nothing_listens(free_port: int) -> None:
     assert result.error.startswith(f"cannot connect to 127.0.0.1:{free_port}")
 
 
+class _RawHttp:
+    """A TCP server on 127.0.0.1 that records the request head and answers ``reply``."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.heads: list[bytes] = []
+        self.port = 0
+
+    async def __aenter__(self) -> _RawHttp:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.heads.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(self.reply)
+            await writer.drain()
+            writer.close()
+
+        self._server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+
+async def test_http_sends_one_plain_request_and_follows_no_redirect() -> None:
+    """The request is HTTP/1.1 with Host, credentials from the URL as Basic auth, an empty
+    body for POST; a redirect is a status like any other."""
+    async with _RawHttp(b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\n\r\n") as server:
+        url = f"http://probe:s%40cret@127.0.0.1:{server.port}/health?deep=1"
+        moved = await run_probe("web", HttpProbe(url=url, method="POST"))
+        assert moved.error == f"POST {url} answered 302, expected 200"
+        passes = await run_probe("web", HttpProbe(url=url, expect_status=302))
+        assert passes.ok, passes.error
+    head = server.heads[0].decode()
+    assert head.startswith("POST /health?deep=1 HTTP/1.1\r\n")
+    assert f"Host: 127.0.0.1:{server.port}\r\n" in head
+    assert "Authorization: Basic cHJvYmU6c0BjcmV0\r\n" in head  # probe:s@cret
+    assert "Content-Length: 0\r\n" in head
+    assert "Content-Length" not in server.heads[1].decode()
+
+
+async def test_http_fails_when_the_answer_is_not_http() -> None:
+    async with _RawHttp(b"SSH-2.0-OpenSSH_9.2\r\n") as server:
+        result = await run_probe("web", HttpProbe(url=f"http://127.0.0.1:{server.port}/"))
+    assert result.error == (f"GET http://127.0.0.1:{server.port}/ did not answer HTTP "
+                            "(it sent b'SSH-2.0-OpenSSH_9.2\\r\\n')")
+
+
 async def test_http_times_out(http_server: HttpServer) -> None:
     """A server that never answers times out."""
     result = await run_probe("web", HttpProbe(url=f"{http_server.url}/slow", timeout_s=0.3))

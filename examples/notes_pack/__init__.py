@@ -18,7 +18,6 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from pydantic import BaseModel, Field
 
 from capd.registry import PermanentToolError, op
@@ -176,6 +175,8 @@ async def snapshot_vault(params: SnapshotParams, *, vault: str) -> dict[str, Any
 
 @op("notes.publish")
 async def publish_note(params: PublishParams, *, vault: str, server: str) -> dict[str, Any]:
+    import aiohttp  # here, not at the top: importing it costs the daemon's start ~0.1 s
+
     body = await asyncio.to_thread(_read_note, _note_path(vault, params.note), params.note)
     async with aiohttp.ClientSession() as session, session.put(
         f"{server}/notes/{params.note}", data=body.encode()
