@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from capd.sidecar._table import COMMANDS
+from capd.sidecar._table import COMMANDS, command
 from capd.sidecar.client.cli import LOCAL_COMMANDS, make_parser
-from capd.sidecar.server._api import Api
+from capd.sidecar.server._api import Api, Router
 from capd.sidecar.server._config import load_config
 from capd.sidecar.server._daemon import Daemon
 
@@ -73,3 +73,16 @@ def test_every_row_on_one_surface_says_why() -> None:
         else:
             assert row.cli_only is None, row.id
             assert row.operator_only is None, row.id
+
+
+def test_the_router_answers_the_same_with_and_without_its_call_shortcut() -> None:
+    """POST /call/{name} is matched by prefix; every other shape goes the general way."""
+    router = Router(COMMANDS)
+    call = command("call")
+    assert router.match("POST", "/call/notes.append") == (call, {"name": "notes.append"},
+                                                          ["POST"])
+    assert router.match("GET", "/call/notes.append") == (None, {}, ["POST"])  # 405
+    assert router.match("POST", "/call/") == (None, {}, [])  # 404
+    assert router.match("POST", "/call/a/b") == (None, {}, [])
+    assert router.match("POST", "/queue/j1/retry")[1] == {"id": "j1"}
+    assert router.match("GET", "/queue/stats")[0] == command("queue-stats")

@@ -215,6 +215,9 @@ class Router:
         self._buckets: dict[tuple[int, str], list[Route]] = {}
         for route in self._dynamic:
             self._buckets.setdefault(_bucket(route.segments), []).append(route)
+        # POST /call/{name} is most of the traffic: matched by its prefix alone.
+        self._call = next((r.row for r in self._dynamic
+                           if (r.row.method, r.row.path) == ("POST", "/call/{name}")), None)
 
     def routes(self) -> set[tuple[str, str]]:
         """Every (method, path template) served."""
@@ -224,6 +227,10 @@ class Router:
     def match(self, method: str, path: str
               ) -> tuple[OperatorCommand | None, dict[str, str], list[str]]:
         """(row, path parameters, methods the path allows); no row when nothing fits."""
+        if method == "POST" and path.startswith("/call/") and self._call is not None:
+            name = path[6:]
+            if name and "/" not in name:
+                return self._call, {"name": name}, [method]
         method = "GET" if method == "HEAD" else method
         rows = self._static.get(path)
         if rows is not None:
