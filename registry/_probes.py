@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from typing import Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ._model import (
     CommandProbe,
@@ -89,6 +89,17 @@ async def _probe_http(spec: HttpProbe) -> None:
                           f"expected {spec.expect_status}")
 
 
+_URL_SAFE = "/%?=&:@!$'()*+,;~-._"
+
+
+def _idna(host: str) -> str:
+    """``host`` as the Host header carries it: an international name in IDNA form."""
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:  # an IP address or a name IDNA refuses: as written
+        return host
+
+
 _STATUS_LINE = re.compile(rb"HTTP/\d(?:\.\d)? (\d{3})[ \r\n]")
 _tls: ssl.SSLContext | None = None
 
@@ -119,8 +130,13 @@ async def http_status(method: str, url: str) -> int:
     except OSError as exc:
         raise ProbeFailed(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
     try:
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}",
+        # What is not ASCII in the path or query is percent-encoded (an encoded one kept),
+        # and the host name goes as IDNA, as an HTTP client library would send them.
+        target = quote(parts.path or "/", safe=_URL_SAFE) + (
+            f"?{quote(parts.query, safe=_URL_SAFE)}" if parts.query else "")
+        netloc = parts.netloc.rpartition("@")[2]
+        host_header = netloc.replace(host, _idna(host), 1) if host else netloc
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header}",
                  "User-Agent: capd-probe", "Accept: */*", "Connection: close"]
         if parts.username is not None:  # user:password@ in the URL, as a client would send
             token = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
@@ -135,8 +151,9 @@ async def http_status(method: str, url: str) -> int:
             await writer.wait_closed()
     found = _STATUS_LINE.match(status_line)
     if found is None:
-        raise ProbeFailed(f"{method} {url} did not answer HTTP "
-                          f"(it sent {status_line[:40]!r})")
+        raise ProbeFailed(f"{method} {url} closed the connection without answering"
+                          if not status_line else
+                          f"{method} {url} did not answer HTTP (it sent {status_line[:40]!r})")
     return int(found.group(1))
 
 

@@ -24,6 +24,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
+import structlog
+
+log = structlog.get_logger("capd.threads")
+
 
 class ThreadHandle(Protocol):
     """A call handed to a thread: whether the thread is done with it. A
@@ -37,14 +41,18 @@ class ThreadHandle(Protocol):
 class Running:
     """Whether a submitted call has finished in its thread (``done()``, like a Future's)."""
 
-    __slots__ = ("finished",)
+    __slots__ = ("_future", "finished", "started")
 
-    def __init__(self) -> None:
+    def __init__(self, future: asyncio.Future[Any] | Future[Any] | None = None) -> None:
+        self._future = future
+        self.started = False  # a thread took it (set under the pool's lock)
         self.finished = False
 
     def done(self) -> bool:
-        """Whether the call has returned or raised (or was dropped before it started)."""
-        return self.finished
+        """Whether the call has returned or raised, or was given up on before any thread
+        took it (then it never runs)."""
+        return self.finished or (not self.started and self._future is not None
+                                 and self._future.cancelled())
 
 
 _Job = tuple[Callable[[], Any], "asyncio.Future[Any] | Future[Any]", Running]
@@ -79,17 +87,21 @@ class OpThreads(Executor):
         the handle that says when the thread is done with it (cancelling the future
         does not stop a call already running)."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self._loop = loop  # one loop at a time; a new loop (a test) takes over
+        if self._loop is not loop:  # one loop at a time; a new loop (a test) takes over
+            with self._wake_lock:
+                self._loop = loop
+                self._wake_scheduled = False  # a wake-up the old loop never ran
+                self._finished.clear()  # answers nobody on the old loop waits for now
         future: asyncio.Future[Any] = loop.create_future()
-        running = Running()
+        running = Running(future)
         self._put((fn, future, running))
         return future, running
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Run ``fn(*args, **kwargs)`` in a thread; a ``concurrent.futures.Future``."""
         future: Future[Any] = Future()
-        self._put(((lambda: fn(*args, **kwargs)) if args or kwargs else fn, future, Running()))
+        self._put(((lambda: fn(*args, **kwargs)) if args or kwargs else fn, future,
+                   Running(future)))
         return future
 
     def _put(self, job: _Job) -> None:
@@ -114,6 +126,7 @@ class OpThreads(Executor):
                     self._ready.wait()
                     self._idle -= 1
                 fn, future, running = self._jobs.popleft()
+                running.started = True
             if isinstance(future, Future):
                 if future.set_running_or_notify_cancel():
                     try:
@@ -127,6 +140,10 @@ class OpThreads(Executor):
                 continue
             try:
                 outcome: tuple[Any, BaseException | None] = (fn(), None)
+            except StopIteration as exc:  # an asyncio future cannot hold it (as a Task says)
+                error = RuntimeError(f"the op raised StopIteration: {exc}")
+                error.__cause__ = exc
+                outcome = (None, error)
             except BaseException as exc:  # the caller's to see, as in a pool
                 outcome = (None, exc)
             running.finished = True
@@ -143,7 +160,9 @@ class OpThreads(Executor):
             if loop is not None:
                 loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:  # the loop is closed: nobody waits for these answers
-            self._finished.clear()
+            with self._wake_lock:
+                self._wake_scheduled = False
+                self._finished.clear()
 
     def _deliver(self) -> None:
         with self._wake_lock:
@@ -153,10 +172,13 @@ class OpThreads(Executor):
             future, value, exc = finished.popleft()
             if future.done():  # cancelled meanwhile (a timeout)
                 continue
-            if exc is None:
-                future.set_result(value)
-            else:
-                future.set_exception(exc)
+            try:  # one answer that cannot be set must not strand the rest of the batch
+                if exc is None:
+                    future.set_result(value)
+                else:
+                    future.set_exception(exc)
+            except (RuntimeError, TypeError) as error:  # a closed loop's future, say
+                log.warning("op_answer_dropped", error=repr(error))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking calls; with ``cancel_futures``, drop the ones no thread took.

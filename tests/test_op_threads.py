@@ -137,3 +137,71 @@ def test_shutdown_drops_what_no_thread_took() -> None:
     assert waiting.cancelled()
     gate.set()
     assert held.result(timeout=5) is True
+
+
+async def test_an_op_raising_stopiteration_strands_nothing_else_in_its_batch() -> None:
+    """An asyncio future cannot hold StopIteration: it becomes a RuntimeError, and the
+    calls answered in the same batch are answered too."""
+    threads = OpThreads(max_workers=3)
+    gate = threading.Barrier(3)
+
+    def stop() -> None:
+        gate.wait(5)
+        raise StopIteration("done early")
+
+    def fine() -> str:
+        gate.wait(5)
+        return "ok"
+
+    try:
+        answers = await asyncio.wait_for(asyncio.gather(
+            threads.run_soon(stop)[0], threads.run_soon(fine)[0], threads.run_soon(fine)[0],
+            return_exceptions=True), timeout=5)
+        assert isinstance(answers[0], RuntimeError)
+        assert "StopIteration" in str(answers[0])
+        assert answers[1:] == ["ok", "ok"]
+    finally:
+        threads.shutdown(cancel_futures=True)
+
+
+async def test_a_call_cancelled_before_any_thread_took_it_is_done_at_once() -> None:
+    """Its handle says done without waiting for a thread (nothing of it will run), so a
+    write given up on that way is not mistaken for one still running."""
+    threads = OpThreads(max_workers=1)
+    gate = threading.Event()
+    try:
+        busy, _ = threads.run_soon(lambda: gate.wait(10))
+        waiting, waiting_running = threads.run_soon(lambda: "never")
+        assert not waiting_running.done()
+        waiting.cancel()
+        assert waiting_running.done()
+        gate.set()
+        await busy
+    finally:
+        gate.set()
+        threads.shutdown(cancel_futures=True)
+
+
+def test_a_new_loop_takes_over_after_the_old_one_closed_mid_call() -> None:
+    """An answer finished after its loop closed does not keep later loops from hearing."""
+    threads = OpThreads(max_workers=2)
+    gate = threading.Event()
+
+    async def abandon() -> None:
+        answer, _ = threads.run_soon(lambda: gate.wait(10))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(answer, timeout=0.05)
+
+    try:
+        asyncio.run(abandon())
+        gate.set()  # the op finishes now, its loop gone
+        time.sleep(0.1)
+
+        async def later() -> int:
+            answer, _ = threads.run_soon(lambda: 42)
+            return int(await asyncio.wait_for(answer, timeout=5))
+
+        assert asyncio.run(later()) == 42
+    finally:
+        gate.set()
+        threads.shutdown(cancel_futures=True)

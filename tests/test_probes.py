@@ -130,6 +130,18 @@ async def test_http_sends_one_plain_request_and_follows_no_redirect() -> None:
     assert "Content-Length" not in server.heads[1].decode()
 
 
+async def test_http_encodes_what_is_not_ascii_and_says_when_nothing_came_back() -> None:
+    async with _RawHttp(b"HTTP/1.1 200 OK\r\n\r\n") as server:
+        url = f"http://127.0.0.1:{server.port}/notes/caf\u00e9 \u4e16?q=a b&r=%2F"
+        result = await run_probe("web", HttpProbe(url=url))
+        assert result.ok, result.error
+    assert server.heads[0].startswith(b"GET /notes/caf%C3%A9%20%E4%B8%96?q=a%20b&r=%2F HTTP/1.1")
+    async with _RawHttp(b"") as silent:
+        closed = await run_probe("web", HttpProbe(url=f"http://127.0.0.1:{silent.port}/"))
+    assert closed.error == (f"GET http://127.0.0.1:{silent.port}/ closed the connection "
+                            "without answering")
+
+
 async def test_http_fails_when_the_answer_is_not_http() -> None:
     async with _RawHttp(b"SSH-2.0-OpenSSH_9.2\r\n") as server:
         result = await run_probe("web", HttpProbe(url=f"http://127.0.0.1:{server.port}/"))
@@ -333,3 +345,11 @@ async def test_probe_all_runs_every_probe_once_and_concurrently() -> None:
     assert sorted(calls) == sorted(specs)
     assert peak == 10
     assert set(results) == set(specs)
+
+
+def test_an_international_host_name_goes_as_idna() -> None:
+    from capd.registry._probes import _idna
+
+    assert _idna("bücher.example") == "xn--bcher-kva.example"
+    assert _idna("127.0.0.1") == "127.0.0.1"
+    assert _idna("::1") == "::1"

@@ -212,7 +212,8 @@ class Daemon:
             return registry.search_index()
         pending = self._search_build
         if pending is None or pending[0] is not registry or (
-                pending[1].done() and pending[1].exception() is not None):
+                pending[1].done() and (pending[1].cancelled()
+                                       or pending[1].exception() is not None)):
             task = self._build_search_soon(registry)
         else:
             task = pending[1]
