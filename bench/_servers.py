@@ -102,6 +102,32 @@ ASGI_APP = textwrap.dedent('''
 ''')
 
 
+# capd's own HTTP server (flow control, deadlines, the buffer budget, peer credentials)
+# with a handler that answers the same fixed body: what capd's HTTP layer costs alone.
+CAPD_HTTP_SERVER = textwrap.dedent('''
+    import asyncio, os, socket, sys, uvloop
+    from capd.sidecar.server._api import peer_credentials
+    from capd.sidecar.server._http import HttpResponse, HttpServer, ServerHooks
+
+    BODY = b'{"status":"success","result":null}'
+
+    async def handler(request):
+        return HttpResponse(200, BODY)
+
+    async def main():
+        hooks = ServerHooks(handler=handler, peer_of=peer_credentials,
+                            too_large=lambda: HttpResponse(413),
+                            malformed=lambda detail: HttpResponse(400), max_body_bytes=1 << 20)
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(sys.argv[1])
+        sock.listen(1024)
+        await HttpServer(hooks).start(sock)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+''')
+
+
 def installed(module: str) -> bool:
     """Whether ``module`` can be imported by the bench's interpreter."""
     return importlib.util.find_spec(module) is not None
@@ -118,7 +144,8 @@ class Server:
 
 
 def start_peer(kind: str, folder: Path) -> Server:
-    """Start the peer ``kind`` (raw, aiohttp, uvicorn or granian) in ``folder``; wait for it."""
+    """Start the peer ``kind`` (raw, aiohttp, uvicorn, granian or capd-http) in ``folder``;
+    wait for it."""
     folder.mkdir(parents=True, exist_ok=True)
     sock, log = str(folder / f"{kind}.sock"), folder / f"{kind}.log"
     python = sys.executable
@@ -133,6 +160,9 @@ def start_peer(kind: str, folder: Path) -> Server:
         argv = [python, "-m", "uvicorn", "bench_asgi:app", "--uds", sock, "--http",
                 "httptools", "--loop", "uvloop", "--lifespan", "off", "--no-access-log",
                 "--log-level", "warning"]
+    elif kind == "capd-http":
+        (folder / "capd_http_server.py").write_text(CAPD_HTTP_SERVER)
+        argv = [python, str(folder / "capd_http_server.py"), sock]
     elif kind == "granian":
         (folder / "bench_asgi.py").write_text(ASGI_APP)
         argv = [python, "-m", "granian", "--interface", "asgi", "--uds", sock, "--loop",

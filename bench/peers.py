@@ -10,6 +10,8 @@ load generator (see _harness.py for why they share one core):
 - bare aiohttp (uvloop);
 - uvicorn + a bare ASGI app (httptools, uvloop, no access log);
 - granian + the same ASGI app (1 worker, 1 runtime thread, uvloop), if installed;
+- capd's HTTP server alone (sidecar/server/_http.py with a handler answering the same
+  fixed body): not a peer, but it tells the HTTP layer's cost from the call path's;
 - capd `POST /call/bench.noop` (an `async def` op) and `POST /call/bench.noop_sync`
   (a plain `def` op, which capd runs on its executor), one daemon with the
   default config except the rate limiter, left on but set so high that it
@@ -99,6 +101,9 @@ CONFIG = textwrap.dedent('''
 ''')
 
 
+HTTP_ONLY = "capd's HTTP layer alone, fixed answer"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=2.0)
@@ -123,6 +128,10 @@ def main() -> None:
             server = start_peer(kind, tmp / kind)
             servers.append(server)
             rows.append((label, server, "/call/bench.noop"))
+        # Not a peer: capd's HTTP layer alone, to tell its cost from the call path's.
+        http_only = start_peer("capd-http", tmp / "capd-http")
+        servers.append(http_only)
+        rows.append((HTTP_ONLY, http_only, "/call/bench.noop"))
         capd = start_capd(tmp / "capd", pack=PACK, caps=CAPS, config=CONFIG)
         servers.append(capd)
         rows.append(("capd POST /call, async def op", capd, "/call/bench.noop"))
@@ -181,6 +190,10 @@ def main() -> None:
             for label in peers:
                 results.add("dispatch", f"{label}, {conns} conn", rates(label), "calls/s",
                             note=notes[(label, conns)])
+            results.add("dispatch", f"{HTTP_ONLY}, {conns} conn", rates(HTTP_ONLY), "calls/s",
+                        against=best, against_values=rates(best),
+                        note="not a peer: the HTTP server capd's call path runs behind. "
+                        + notes[(HTTP_ONLY, conns)])
             for capd_label in ("capd POST /call, async def op", "capd POST /call, plain def op"):
                 mine = rates(capd_label)
                 ratios = []
