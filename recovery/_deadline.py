@@ -34,6 +34,7 @@ class _Ticker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self.loop = loop
         self.live: set[_Expiry] = set()
         self._armed = False
 
@@ -58,6 +59,21 @@ _TICKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Ticker] = (
     weakref.WeakKeyDictionary())
 
 
+_last: _Ticker | None = None  # the ticker used last: one loop serves a daemon's calls
+
+
+def _last_ticker(loop: asyncio.AbstractEventLoop) -> _Ticker:
+    """``loop``'s ticker (the weak mapping is looked up only when the loop changes)."""
+    global _last
+    ticker = _last
+    if ticker is None or ticker.loop is not loop:
+        ticker = _TICKERS.get(loop)
+        if ticker is None:
+            ticker = _TICKERS[loop] = _Ticker(loop)
+        _last = ticker
+    return ticker
+
+
 class deadline:
     """``async with deadline(seconds):`` raises TimeoutError when the block overruns."""
 
@@ -73,12 +89,10 @@ class deadline:
 
     async def __aenter__(self) -> None:
         loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("deadline() must be used inside a task")
-        ticker = _TICKERS.get(loop)
-        if ticker is None:
-            ticker = _TICKERS[loop] = _Ticker(loop)
+        ticker = _last_ticker(loop)
         self._ticker = ticker
         self._cancelling = task.cancelling()
         self._entry = _Expiry(task, loop.time() + self._delay)

@@ -200,8 +200,9 @@ class Gateway:
         self._clock = clock
         self._executor = executor
         self.in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # Set when the last call in flight ends; made only while someone waits for it
+        # (the drain), so a call does not pay for an event nobody watches.
+        self._idle: asyncio.Event | None = None
         self.draining = False
         self.stats = CallStats()
         self._observe: Callable[[str, float], None] = observe or (lambda _name, _duration: None)
@@ -210,6 +211,10 @@ class Gateway:
 
     async def wait_idle(self) -> None:
         """Return when no call is in flight."""
+        if self.in_flight == 0:
+            return
+        if self._idle is None:
+            self._idle = asyncio.Event()
         await self._idle.wait()
 
     @property
@@ -261,7 +266,6 @@ class Gateway:
         options = (_CallOptions(timeout_s, run_disabled)
                    if timeout_s is not None or run_disabled else _PLAIN)
         self.in_flight += 1
-        self._idle.clear()
         started = self._clock()
         running: ThreadHandle | None = None
         try:
@@ -274,8 +278,9 @@ class Gateway:
                                                    request_id, started, options)
         finally:
             self.in_flight -= 1
-            if self.in_flight == 0:
+            if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
+                self._idle = None
         if (
             result.status == "error_transient"
             and cap.mutates_state
