@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from ._decision import BackoffPolicy, Failure, RetryDecision
-from ._errors import IdempotencyConflict, InvalidTransition, UnknownJob
+from ._errors import IdempotencyConflict, InvalidTransition, QueueStorageError, UnknownJob
 from ._group_commit import GroupCommit
 from ._jobs import (
     JOB_STATES,
@@ -85,6 +85,9 @@ class RetryQueue:
         self._on_enqueue = on_enqueue
         self._id_low = int.from_bytes(os.urandom(3), "big") << 24  # the id's random prefix
         self._id_counter = 0
+        # The last enqueue the disk refused, and when: other writes (the sweep's updates)
+        # may still commit on a nearly full disk, so their success does not hide it.
+        self._refused: tuple[str, float] | None = None
 
     @classmethod
     async def open(
@@ -120,10 +123,25 @@ class RetryQueue:
         """Stop accepting, commit what was already handed in, and close the file."""
         await self._store.close()
 
+    REFUSAL_REPORTED_S = 60.0
+    """How long a refused enqueue is reported when no enqueue has succeeded since."""
+
     @property
     def write_error(self) -> str | None:
-        """Why the last group commit failed (``"disk full: …"`` if so); None once one succeeds."""
-        return self._store.write_error
+        """Why the queue cannot write (``"disk full: …"`` if so), or None.
+
+        The last group commit's failure until one succeeds; and the last refused
+        enqueue until an enqueue succeeds (at most :attr:`REFUSAL_REPORTED_S`): a
+        nearly full disk may still take the sweep's updates while it refuses new jobs.
+        """
+        if self._store.write_error is not None:
+            return self._store.write_error
+        if self._refused is not None:
+            message, at = self._refused
+            if self._clock() - at <= self.REFUSAL_REPORTED_S:
+                return message
+            self._refused = None
+        return None
 
     @property
     def write_error_at(self) -> float | None:
@@ -151,11 +169,17 @@ class RetryQueue:
         after :meth:`close`.
         """
         job, row = self._new_job(request)
-        if request.idempotency_key is None:
-            # A new id cannot collide: a plain insert, batched with its neighbours.
-            job = await self._store.insert(_INSERT_JOB, row, job)
-        else:
-            job = await self._transaction(lambda db: self._insert_keyed(db, request, job, row))
+        try:
+            if request.idempotency_key is None:
+                # A new id cannot collide: a plain insert, batched with its neighbours.
+                job = await self._store.insert(_INSERT_JOB, row, job)
+            else:
+                job = await self._transaction(
+                    lambda db: self._insert_keyed(db, request, job, row))
+        except QueueStorageError as exc:
+            self._refused = (str(exc), self._clock())
+            raise
+        self._refused = None
         self._on_enqueue()
         return job
 

@@ -256,6 +256,38 @@ async def test_a_full_disk_refuses_writes_keeps_reads_and_recovers(
         await again.close()
 
 
+async def test_a_refused_enqueue_is_reported_until_an_enqueue_succeeds(
+        small_disk: Path, clock: Clock) -> None:
+    """Another write committing after a refused enqueue (the sweep's claim, which a nearly
+    full disk may still take) does not hide that new jobs were refused; an enqueue that
+    succeeds, or a minute without one, does."""
+    q = await open_queue(small_disk / "q.db", clock)
+    try:
+        for i in range(3):
+            await q.enqueue(request(i))
+        filler = fill_disk(small_disk)
+        with pytest.raises(QueueFull):
+            await q.enqueue(request(100))
+        filler.unlink()
+        clock.advance(1)
+        (claimed,) = await q.claim_due(1)  # commits: the store's own error is cleared
+        assert q.write_error_at is None
+        assert q.write_error is not None
+        assert q.write_error.startswith("disk full:")
+        clock.advance(q.REFUSAL_REPORTED_S)
+        assert q.write_error is None  # a minute with no enqueue: no longer reported
+        filler = fill_disk(small_disk)
+        with pytest.raises(QueueFull):
+            await q.enqueue(request(101))
+        filler.unlink()
+        assert await q.complete(claimed)
+        assert q.write_error is not None
+        await q.enqueue(request(102))
+        assert q.write_error is None
+    finally:
+        await q.close()
+
+
 async def test_a_claim_on_a_full_disk_changes_nothing(small_disk: Path, clock: Clock) -> None:
     """A sweep write that hits a full disk raises QueueFull and leaves the job as it was."""
     q = await open_queue(small_disk / "q.db", clock)
