@@ -100,3 +100,24 @@ async def test_a_failed_index_build_is_a_503_and_the_next_search_retries(
     status, found = await http(daemon.socket_path, "GET", "/search?q=find+notes+containing+text")
     assert status == 200
     assert found["results"][0]["name"] == "notes.search"
+
+
+def test_success_boosts_are_made_again_at_most_every_max_age(tmp_path: Path) -> None:
+    """The search boost from call outcomes is cached: recomputed after max_age_s only."""
+    from capd.sidecar.server._gateway import ToolResult
+
+    def outcome(status: str) -> ToolResult:
+        return ToolResult.model_construct(status=status, capability="a.b", duration_s=0.0,
+                                          request_id="r")
+
+    daemon = Daemon(load_config(None), socket_path=tmp_path / "s.sock")
+    try:
+        daemon.gateway.stats.record(outcome("success"))
+        first = daemon.success_boosts()
+        assert first == {"a.b": 0.75 + 0.25 * 2 / 3}
+        daemon.gateway.stats.record(outcome("error_permanent"))
+        assert daemon.success_boosts() is first  # within a second: the same mapping
+        assert daemon.success_boosts(max_age_s=0) == {"a.b": 0.75 + 0.25 * 2 / 4}
+    finally:
+        daemon.op_executor.shutdown()
+        daemon.user_executor.shutdown()

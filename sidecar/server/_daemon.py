@@ -20,7 +20,7 @@ import resource
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -133,6 +133,7 @@ class Daemon:
         # The start-up registry's search index, built in a thread once the daemon serves
         # (a reload builds its registry's index before swapping it in).
         self._search_build: tuple[Registry, asyncio.Task[SearchIndex]] | None = None
+        self._boosts: tuple[float, Mapping[str, float]] | None = None
 
     def _upstream_tools_changed(self, tool: str) -> None:
         log.info("reload_for_upstream", tool=tool)
@@ -200,6 +201,16 @@ class Daemon:
     def operator_tools(self) -> list[str]:
         """The operator commands ``capd mcp`` offers as tools too (``[mcp] operator_tools``)."""
         return list(self.loaded.config.mcp.operator_tools)
+
+    def success_boosts(self, max_age_s: float = 1.0) -> Mapping[str, float]:
+        """Each called capability's search boost from its success rate, made again at most
+        every ``max_age_s`` (thousands of called capabilities take milliseconds)."""
+        now = time.monotonic()
+        if self._boosts is None or now - self._boosts[0] > max_age_s:
+            from capd.registry import success_boost  # with the search stack, when searched
+
+            self._boosts = (now, success_boost(self.gateway.stats.by_status))
+        return self._boosts[1]
 
     async def search_index(self) -> SearchIndex:
         """The serving registry's search index; waits (off the loop) while it is built.

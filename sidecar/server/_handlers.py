@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-import capd.registry
 from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
 from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability
 
@@ -282,7 +281,7 @@ async def search(ctx: Context) -> Reply:
     index = await d.search_index()  # the search stack (numpy...) is imported with it
     ranking = index.rank(
         query, k=k, tags=tags, latency_class=latency, allowed=allowed,
-        boost=capd.registry.success_boost(d.gateway.stats.by_status), explain=explain)
+        boost=d.success_boosts(), explain=explain)
     snap = registry.snapshot() if include_disabled else None
     results = []
     for hit in ranking.hits:
