@@ -33,24 +33,28 @@ class _Ticker:
     """The deadlines of one event loop, checked every ``RESOLUTION_S`` while any is set."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.loop = loop
+        # Weakly: the ticker is the value of a weak mapping keyed by its loop, and a
+        # strong reference here would keep every loop (and its ticker) alive for good.
+        self.loop_ref = weakref.ref(loop)
         self.live: set[_Expiry] = set()
         self._armed = False
 
-    def add(self, entry: _Expiry) -> None:
+    def add(self, entry: _Expiry, loop: asyncio.AbstractEventLoop) -> None:
         self.live.add(entry)
         if not self._armed:
             self._armed = True
-            self._loop.call_later(RESOLUTION_S, self._tick)
+            loop.call_later(RESOLUTION_S, self._tick)
 
     def _tick(self) -> None:
-        now = self._loop.time()
+        loop = self.loop_ref()
+        if loop is None:  # the loop is gone, and its tasks with it
+            return
+        now = loop.time()
         for entry in [e for e in self.live if e.when <= now and not e.expired]:
             entry.expired = True
             entry.task.cancel()
         if self.live:
-            self._loop.call_later(RESOLUTION_S, self._tick)
+            loop.call_later(RESOLUTION_S, self._tick)
         else:
             self._armed = False
 
@@ -66,7 +70,7 @@ def _last_ticker(loop: asyncio.AbstractEventLoop) -> _Ticker:
     """``loop``'s ticker (the weak mapping is looked up only when the loop changes)."""
     global _last
     ticker = _last
-    if ticker is None or ticker.loop is not loop:
+    if ticker is None or ticker.loop_ref() is not loop:
         ticker = _TICKERS.get(loop)
         if ticker is None:
             ticker = _TICKERS[loop] = _Ticker(loop)
@@ -96,7 +100,7 @@ class deadline:
         self._ticker = ticker
         self._cancelling = task.cancelling()
         self._entry = _Expiry(task, loop.time() + self._delay)
-        ticker.add(self._entry)
+        ticker.add(self._entry, loop)
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:

@@ -168,18 +168,19 @@ class RetryQueue:
         :class:`IdempotencyConflict` is raised. Raises :class:`QueueClosed`
         after :meth:`close`.
         """
-        job, row = self._new_job(request)
+        new, row = self._new_job(request)
         try:
             if request.idempotency_key is None:
                 # A new id cannot collide: a plain insert, batched with its neighbours.
-                job = await self._store.insert(_INSERT_JOB, row, job)
+                job = await self._store.insert(_INSERT_JOB, row, new)
             else:
                 job = await self._transaction(
-                    lambda db: self._insert_keyed(db, request, job, row))
+                    lambda db: self._insert_keyed(db, request, new, row))
         except QueueStorageError as exc:
             self._refused = (str(exc), self._clock())
             raise
-        self._refused = None
+        if job is new:  # a row was stored (a key already used stores nothing, proves nothing)
+            self._refused = None
         self._on_enqueue()
         return job
 

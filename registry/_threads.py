@@ -162,7 +162,11 @@ class OpThreads(Executor):
         except RuntimeError:  # the loop is closed: nobody waits for these answers
             with self._wake_lock:
                 self._wake_scheduled = False
-                self._finished.clear()
+                taken_over = self._loop is not loop
+                if not taken_over:
+                    self._finished.clear()
+            if taken_over:  # a new loop took over meanwhile: its answers may be waiting
+                self._wake()
 
     def _deliver(self) -> None:
         with self._wake_lock:

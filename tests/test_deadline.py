@@ -66,3 +66,22 @@ async def test_an_inner_asyncio_timeout_still_works_inside() -> None:
 
     with pytest.raises(TimeoutError):
         await nested()
+
+
+def test_deadlines_keep_no_event_loop_alive() -> None:
+    """The tickers are found by loop in a weak mapping; neither it nor the last-used cache
+    keeps a finished loop alive."""
+    import gc
+    import weakref
+
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def timed() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        async with deadline(5):
+            await asyncio.sleep(0)
+
+    for _ in range(3):
+        asyncio.run(timed())
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]

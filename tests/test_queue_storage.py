@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import errno
 import os
 import sqlite3
@@ -259,15 +260,20 @@ async def test_a_full_disk_refuses_writes_keeps_reads_and_recovers(
 async def test_a_refused_enqueue_is_reported_until_an_enqueue_succeeds(
         small_disk: Path, clock: Clock) -> None:
     """Another write committing after a refused enqueue (the sweep's claim, which a nearly
-    full disk may still take) does not hide that new jobs were refused; an enqueue that
-    succeeds, or a minute without one, does."""
+    full disk may still take, or a keyed enqueue answered with its stored job) does not
+    hide that new jobs were refused; an enqueue that stores a job, or a minute without
+    one, does."""
     q = await open_queue(small_disk / "q.db", clock)
     try:
         for i in range(3):
             await q.enqueue(request(i))
+        keyed = dataclasses.replace(request(50), idempotency_key="k1")
+        await q.enqueue(keyed)
         filler = fill_disk(small_disk)
         with pytest.raises(QueueFull):
             await q.enqueue(request(100))
+        await q.enqueue(keyed)  # its key is stored: the same job back, nothing written
+        assert q.write_error is not None
         filler.unlink()
         clock.advance(1)
         (claimed,) = await q.claim_due(1)  # commits: the store's own error is cleared
