@@ -72,34 +72,35 @@ class SearchUnavailable(SidecarError):
     """The search index could not be built; the next search tries again."""
 
 
-class UnknownAgent(SidecarError, LookupError):
+class _UnknownDeclared(SidecarError, LookupError):
+    """No ``kind`` by that name is declared in capd.toml; close names are suggested."""
+
+    kind = ""      # "agent"
+    plural = ""    # "agents"
+    declare = ""   # how to declare one: "[agents.NAME]"
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        if self.suggestions:
+            hint = f" (did you mean {', '.join(repr(s) for s in self.suggestions)}?)"
+        elif known:
+            hint = f" ({self.plural}: {', '.join(sorted(known))})"
+        else:
+            hint = f" (no {self.kind} is declared; add {self.declare} to capd.toml)"
+        super().__init__(f"unknown {self.kind} {name!r}{hint}")
+
+
+class UnknownAgent(_UnknownDeclared):
     """No agent by that name is declared under ``[agents]`` in capd.toml."""
 
-    def __init__(self, name: str, known: list[str]) -> None:
-        self.name = name
-        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
-        if self.suggestions:
-            hint = f" (did you mean {', '.join(repr(s) for s in self.suggestions)}?)"
-        elif known:
-            hint = f" (agents: {', '.join(sorted(known))})"
-        else:
-            hint = " (no agent is declared; add [agents.NAME] to capd.toml)"
-        super().__init__(f"unknown agent {name!r}{hint}")
+    kind, plural, declare = "agent", "agents", "[agents.NAME]"
 
 
-class UnknownProfile(SidecarError, LookupError):
+class UnknownProfile(_UnknownDeclared):
     """No policy profile by that name is declared under ``[profiles]`` in capd.toml."""
 
-    def __init__(self, name: str, known: list[str]) -> None:
-        self.name = name
-        self.suggestions = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
-        if self.suggestions:
-            hint = f" (did you mean {', '.join(repr(s) for s in self.suggestions)}?)"
-        elif known:
-            hint = f" (profiles: {', '.join(sorted(known))})"
-        else:
-            hint = " (no profile is declared; add [profiles.NAME] to capd.toml)"
-        super().__init__(f"unknown profile {name!r}{hint}")
+    kind, plural, declare = "profile", "profiles", "[profiles.NAME]"
 
 
 class ExportConflict(SidecarError):
