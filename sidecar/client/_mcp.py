@@ -29,7 +29,6 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import anyio
-import anyio.lowlevel
 import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
 
@@ -37,7 +36,7 @@ from capd.registry import ConfigError, is_valid_name
 
 from .._errors import DaemonDown
 from .._paths import capd_version
-from .._table import COMMANDS, McpTool
+from .._table import COMMANDS, McpTool, OperatorCommand
 from ._stdio import stdio_streams
 from ._unixhttp import UnixHttp
 
@@ -153,6 +152,21 @@ def _normalized(path: str) -> str:
     from yarl import URL
 
     return URL(f"http://capd{path}").raw_path
+
+
+def _request_of(row: OperatorCommand, spec: McpTool, arguments: dict[str, Any]
+                ) -> tuple[str, dict[str, str]]:
+    """The row's path with the tool's arguments in it, and its query string's values."""
+    path = row.path
+    for arg, param in spec.path.items():
+        path = path.replace("{" + param + "}", quote(str(arguments[arg]), safe=""))
+    query: dict[str, str] = {}
+    for arg, key in spec.query.items():
+        if arguments.get(arg) is not None:
+            value = arguments[arg]
+            query[key] = (",".join(value) if isinstance(value, list) else
+                          str(value).lower() if isinstance(value, bool) else str(value))
+    return path, query
 
 
 def _text(value: Any, *, is_error: bool) -> types.CallToolResult:
@@ -309,15 +323,7 @@ class Bridge:
             if isinstance(checked, types.CallToolResult):
                 return checked
         row = _ROWS[name]
-        path = row.path
-        for arg, param in spec.path.items():
-            path = path.replace("{" + param + "}", quote(str(arguments[arg]), safe=""))
-        query: dict[str, str] = {}
-        for arg, key in spec.query.items():
-            if arg in arguments and arguments[arg] is not None:
-                value = arguments[arg]
-                query[key] = (",".join(value) if isinstance(value, list) else
-                              str(value).lower() if isinstance(value, bool) else str(value))
+        path, query = _request_of(row, spec, arguments)
         if name == "search_capabilities" and self.profile is not None:
             wanted = int(query.get("k", "5"))
             query["k"] = "100"
@@ -338,18 +344,13 @@ class Bridge:
         missing = [a for a in spec.input_schema.get("required", []) if a not in arguments]
         if missing:
             return _text(f"{name} needs {', '.join(missing)}", is_error=True)
-        path = row.path
         for arg, param in spec.path.items():
-            value = str(arguments[arg])
-            if param == "name":
-                checked = await self._check_allowed(value)
+            if param == "name":  # the capability the name resolves to, checked
+                checked = await self._check_allowed(str(arguments[arg]))
                 if isinstance(checked, types.CallToolResult):
                     return checked
-                value = checked
-            path = path.replace("{" + param + "}", quote(value, safe=""))
-        query = {key: str(arguments[arg]).lower() if isinstance(arguments[arg], bool)
-                 else str(arguments[arg])
-                 for arg, key in spec.query.items() if arguments.get(arg) is not None}
+                arguments = {**arguments, arg: checked}
+        path, query = _request_of(row, spec, arguments)
         status, body = await self.link.request(row.method, path, query=query)
         if status >= 400 and not (isinstance(body, dict) and "detail" not in body):
             return _problem(status, body)
