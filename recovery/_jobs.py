@@ -15,14 +15,13 @@ import dataclasses
 import inspect
 import json
 import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from capd.registry import RetryPolicy
+from capd.registry import RetryPolicy, model_assembler
 
 JobState = Literal["pending", "leased", "done", "partial", "needs_operator", "dead", "cancelled"]
 JOB_STATES: tuple[JobState, ...] = (
@@ -143,61 +142,17 @@ def job_from_row(row: sqlite3.Row) -> Job:
     return Job.model_validate(data)
 
 
-_FIELDS: tuple[str, ...] = tuple(Job.model_fields)
-_FIELDS_SET: set[str] = set(_FIELDS)
+_SAMPLE: dict[str, Any] = dict.fromkeys(Job.model_fields)
+_SAMPLE.update(params={"n": 1}, policy="replay", state="pending")
 
-
-def _job_of_construct(values: dict[str, Any]) -> Job:
-    return Job.model_construct(**values)
-
-
-def _fast_job_of() -> Callable[[dict[str, Any]], Job]:
-    """What ``Job.model_construct`` does, without its walk over the fields; or it, if it differs.
-
-    A pydantic model keeps its fields in ``__dict__`` and three slots beside it;
-    with every field given (none aliased, no private attributes, no post-init),
-    that is all ``model_construct`` sets. Checked here once against
-    ``model_construct``: should pydantic ever build models otherwise, this
-    returns ``model_construct`` itself.
-    """
-    try:
-        slots = vars(BaseModel)
-        new = object.__new__
-        set_dict = slots["__dict__"].__set__
-        set_fields_set = slots["__pydantic_fields_set__"].__set__
-        set_extra = slots["__pydantic_extra__"].__set__
-        set_private = slots["__pydantic_private__"].__set__
-        copy_fields_set = _FIELDS_SET.copy
-
-        def job_of(values: dict[str, Any]) -> Job:
-            job: Job = new(Job)
-            set_dict(job, values)
-            set_fields_set(job, copy_fields_set())
-            set_extra(job, None)
-            set_private(job, None)
-            return job
-
-        sample: dict[str, Any] = dict.fromkeys(_FIELDS)
-        sample.update(params={"n": 1}, policy="replay", state="pending")
-        built, constructed = job_of(dict(sample)), Job.model_construct(**sample)
-        if (built == constructed and repr(built) == repr(constructed)
-                and built.model_fields_set == constructed.model_fields_set
-                and built.model_dump() == constructed.model_dump()
-                and not Job.__pydantic_post_init__ and not Job.__private_attributes__):
-            return job_of
-    except Exception:  # any surprise: let pydantic build them
-        pass
-    return _job_of_construct
-
-
-job_of = _fast_job_of()
+job_of = model_assembler(Job, _SAMPLE)
 """A :class:`Job` from ``values`` (every field, in field order), none of them re-validated.
 
 For values the queue made itself, or read back in the transaction that
 writes them (SQLite's CHECK and NOT NULL constraints and column types hold
 them): what ``Job.model_construct`` builds, a sixth of the time it takes
 (it was a sixth of the database thread's time per enqueue). ``values``
-becomes the job's own: the caller must not keep using it.
+becomes the job's own: the caller must not keep using it (see ``model_assembler``).
 """
 
 

@@ -40,6 +40,7 @@ import failure into a ``PluginError``), the original is kept as its
 from typing import TYPE_CHECKING, Any
 
 from ._agents import AgentSpec, InjectionSpec, Selection, select_capabilities
+from ._assemble import model_assembler
 from ._build import BuildConfig, build
 from ._declarations import (
     DeclarationSet,
@@ -191,6 +192,7 @@ __all__ = [
     "load_declarations",
     "load_plugins",
     "load_topologies",
+    "model_assembler",
     "op",
     "parameters_schema",
     "parse_count_overrides",

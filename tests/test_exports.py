@@ -12,7 +12,7 @@ from capd import recovery, registry, sidecar
 from capd.sidecar import client, server
 
 REGISTRY = {
-    "OpThreads", "Running", "ThreadHandle",
+    "OpThreads", "Running", "ThreadHandle", "model_assembler",
     "BuildConfig", "CapabilitySpec", "Capability", "CapdError", "CommandEffect", "CommandProbe",
     "ConfigError", "DeclarationError", "DeclarationSet", "DisabledEntry", "EffectSpec",
     "FileContainsEffect", "FileExistsEffect", "HttpEffect", "HttpProbe", "LatencyClass",

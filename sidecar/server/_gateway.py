@@ -30,7 +30,13 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capd.recovery import Rechecker, apply_passive_health, call_capability
-from capd.registry import Capability, Registry, ThreadHandle, UnknownCapability
+from capd.registry import (
+    Capability,
+    Registry,
+    ThreadHandle,
+    UnknownCapability,
+    model_assembler,
+)
 
 from .._errors import Draining, InvalidParams, InvalidTimeout
 from .._logging import log_call
@@ -84,12 +90,7 @@ class ToolResult(BaseModel):
         if len(values) != len(_RESULT_FIELDS):
             raise TypeError(f"a ToolResult needs exactly {', '.join(_RESULT_FIELDS)}; "
                             f"got {', '.join(values)}")
-        result = cls.__new__(cls)
-        object.__setattr__(result, "__dict__", values)
-        object.__setattr__(result, "__pydantic_fields_set__", set(values))
-        object.__setattr__(result, "__pydantic_extra__", None)
-        object.__setattr__(result, "__pydantic_private__", None)
-        return result
+        return _assemble_result(values)
 
     @property
     def ok(self) -> bool:
@@ -98,6 +99,9 @@ class ToolResult(BaseModel):
 
 
 _RESULT_FIELDS = tuple(ToolResult.model_fields)
+_assemble_result = model_assembler(ToolResult, {
+    **dict.fromkeys(_RESULT_FIELDS), "status": "success", "capability": "a.b", "alternatives": [],
+    "duration_s": 0.0, "request_id": "r", "warnings": [], "unavailable_alternatives": {}})
 
 
 def _observer_copy(result: ToolResult) -> ToolResult:
