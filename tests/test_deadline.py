@@ -34,12 +34,15 @@ async def test_a_block_that_finishes_in_time_is_untouched() -> None:
 
 
 async def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
+    inside = asyncio.Event()
+
     async def guarded() -> None:
         async with deadline(10):
+            inside.set()
             await asyncio.sleep(10)
 
     task = asyncio.create_task(guarded())
-    await asyncio.sleep(0.01)
+    await inside.wait()  # the deadline is set: the cancellation comes from outside it
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

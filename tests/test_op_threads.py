@@ -61,8 +61,7 @@ async def test_no_more_threads_than_max_workers_and_queued_calls_wait() -> None:
     try:
         held = [threads.run_soon(lambda: gate.wait(10))[0] for _ in range(2)]
         queued, queued_running = threads.run_soon(lambda: "after")
-        await asyncio.sleep(0.2)
-        assert threads.threads == 2
+        assert threads.threads == 2  # started as the calls came, none for the third
         assert not queued.done()
         assert not queued_running.done()
         gate.set()
@@ -108,7 +107,9 @@ async def test_a_timed_out_call_keeps_its_handle_until_the_thread_returns() -> N
         while not running.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert running.done()
-        await asyncio.sleep(0.05)  # its late answer is dropped, not set on the cancelled future
+        # its late answer is dropped (the future is cancelled), and the pool answers on
+        next_answer, _ = threads.run_soon(lambda: "next")
+        assert await asyncio.wait_for(next_answer, timeout=5) == "next"
     finally:
         gate.set()
         threads.shutdown(cancel_futures=True)
@@ -132,7 +133,10 @@ def test_shutdown_drops_what_no_thread_took() -> None:
     gate = threading.Event()
     held = threads.submit(gate.wait, 10)
     waiting = threads.submit(pow, 2, 3)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while not held.running() and time.monotonic() < deadline:  # the thread took it
+        time.sleep(0.01)
+    assert held.running()
     threads.shutdown(cancel_futures=True)
     assert waiting.cancelled()
     gate.set()
@@ -184,7 +188,7 @@ async def test_a_call_cancelled_before_any_thread_took_it_is_done_at_once() -> N
 
 def test_a_new_loop_takes_over_after_the_old_one_closed_mid_call() -> None:
     """An answer finished after its loop closed does not keep later loops from hearing."""
-    threads = OpThreads(max_workers=2)
+    threads = OpThreads(max_workers=1)
     gate = threading.Event()
 
     async def abandon() -> None:
@@ -195,7 +199,9 @@ def test_a_new_loop_takes_over_after_the_old_one_closed_mid_call() -> None:
     try:
         asyncio.run(abandon())
         gate.set()  # the op finishes now, its loop gone
-        time.sleep(0.1)
+        # The one thread takes calls in order: once this one is answered, it has handled
+        # the abandoned op's answer (and its wake-up of the closed loop) before it.
+        assert threads.submit(lambda: "after").result(timeout=5) == "after"
 
         async def later() -> int:
             answer, _ = threads.run_soon(lambda: 42)

@@ -58,8 +58,17 @@ async def held_daemon(example_copy: Path, tmp_path: Path, monkeypatch: pytest.Mo
             break
         await asyncio.sleep(0.01)
     assert daemon.state == "ready"
+    # Set when a search reaches the index (and waits for it while the build is held).
+    arrived = asyncio.Event()
+    real_index = daemon.search_index
+
+    async def search_index() -> Any:
+        arrived.set()
+        return await real_index()
+
+    daemon.search_index = search_index  # type: ignore[method-assign]
     try:
-        yield daemon, release, fail_first
+        yield daemon, release, fail_first, arrived
     finally:
         release.set()
         daemon.request_stop()
@@ -69,7 +78,7 @@ async def held_daemon(example_copy: Path, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 async def test_health_and_calls_answer_while_the_index_builds(held_daemon: Any) -> None:
-    daemon, release, _ = held_daemon
+    daemon, release, _, arrived = held_daemon
     sock = daemon.socket_path
     status, body = await http(sock, "GET", "/health")
     assert status == 200
@@ -77,7 +86,7 @@ async def test_health_and_calls_answer_while_the_index_builds(held_daemon: Any) 
     status, result = await http(sock, "POST", "/call/notes.search", b'{"query": "milk"}')
     assert (status, result["status"]) == (200, "success")
     search = asyncio.create_task(http(sock, "GET", "/search?q=find+notes+containing+text"))
-    await asyncio.sleep(0.3)
+    await asyncio.wait_for(arrived.wait(), timeout=10)  # it waits on the held build
     assert not search.done(), "the search answered before its index existed"
     release.set()
     status, found = await asyncio.wait_for(search, timeout=20)
@@ -87,11 +96,11 @@ async def test_health_and_calls_answer_while_the_index_builds(held_daemon: Any) 
 
 async def test_a_failed_index_build_is_a_503_and_the_next_search_retries(
         held_daemon: Any) -> None:
-    daemon, release, fail_first = held_daemon
+    daemon, release, fail_first, arrived = held_daemon
     fail_first["left"] = 1  # the start-up build fails, while a search waits for it
     search = asyncio.create_task(
         http(daemon.socket_path, "GET", "/search?q=find+notes+containing+text"))
-    await asyncio.sleep(0.3)
+    await asyncio.wait_for(arrived.wait(), timeout=10)  # it waits on the held build
     release.set()
     status, body = await asyncio.wait_for(search, timeout=20)
     assert status == 503
