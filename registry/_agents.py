@@ -5,7 +5,8 @@ capabilities it may use; run-time injections (``[[injections]]``) are declared
 apart and add capabilities when the execution context matches. Each listed
 *entry* is one of:
 
-- a capability name (or one of its aliases): ``notes.search``;
+- a capability name or one of its aliases, with or without ``@``:
+  ``notes.search``, ``security-auditor``, ``@security-auditor``;
 - a glob over capability names: ``git_mcp.*`` (``*``, ``?`` and ``[...]``, as
   :func:`fnmatch.fnmatchcase`; aliases are not matched);
 - a tag: ``tag:notes``, every capability carrying it.
@@ -27,7 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ._errors import UnknownCapability
-from ._model import is_valid_name
+from ._names import is_valid_reference, without_mark
 from ._registry import Registry
 
 EntryKind = Literal["name", "glob", "tag"]
@@ -54,9 +55,10 @@ def check_entry(entry: str) -> str:
     kind = entry_kind(entry)
     if kind == "tag" and not entry[len(TAG_PREFIX):].strip():
         raise ValueError(f"{entry!r}: name the tag after 'tag:', e.g. tag:notes")
-    if kind == "name" and not is_valid_name(entry):
-        raise ValueError(f"{entry!r} is not a capability name (dot-namespaced, lower case, "
-                         "e.g. notes.search), a glob (notes.*) or a tag (tag:notes)")
+    if kind == "name" and not is_valid_reference(entry):
+        raise ValueError(f"{entry!r} is not a capability name or alias (lower case, e.g. "
+                         "notes.search, security-auditor or @security-auditor), a glob "
+                         "(notes.*) or a tag (tag:notes)")
     return entry
 
 
@@ -148,7 +150,7 @@ def select_capabilities(registry: Registry, entry: str) -> Selection:
         try:
             return Selection(entry, kind, (registry.resolve(entry),))
         except UnknownCapability as exc:
-            why = registry.not_on_host.get(entry)
+            why = registry.not_on_host.get(without_mark(entry))
             problem = (f"capability {entry!r} is not offered on this host ({why})"
                        if why is not None else str(exc))
             return Selection(entry, kind, (), problem)

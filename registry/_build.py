@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ._declarations import capability_from_spec, load_declarations
 from ._errors import DeclarationError
-from ._model import NAME_PATTERN, Capability, McpProbe, OpEffect, ToolSpec, is_valid_name
+from ._model import Capability, McpProbe, OpEffect, ToolSpec
+from ._names import is_valid_name
 from ._ops import entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
@@ -148,28 +149,20 @@ async def build(
 def _alias_problems(
     cap: Capability, names: set[str], claimed: Mapping[str, Capability]
 ) -> list[str]:
-    """Return what is wrong with ``cap.aliases``, one sentence each; empty when nothing is.
+    """Return how ``cap.aliases`` clash with other capabilities, one sentence each.
 
-    An alias must be a well-formed capability name, listed once, and name no
-    capability (``names``) nor an alias another capability already ``claimed``.
+    An alias may name no capability (``names``) nor an alias another capability
+    already ``claimed``. Its form (see :class:`Capability`) was checked when the
+    capability was made.
     """
     problems: list[str] = []
-    seen: set[str] = set()
     for alias in cap.aliases:
-        if alias in seen:
-            problems.append(f"alias {alias!r} is listed twice")
-        elif not is_valid_name(alias):
-            problems.append(f"alias {alias!r} is not a well-formed capability name "
-                            f"(dot-namespaced, lower case: {NAME_PATTERN})")
-        elif alias == cap.name:
-            problems.append(f"alias {alias!r} repeats the capability's own name")
-        elif alias in names:
+        if alias in names:
             problems.append(f"alias {alias!r} is the name of another capability")
         elif alias in claimed:
             owner = claimed[alias]
             problems.append(f"alias {alias!r} is already an alias of {owner.name!r} "
                             f"({owner.source or '?'})")
-        seen.add(alias)
     return problems
 
 

@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from ._names import NAME_PATTERN, alias_problem
+from ._names import is_valid_name as is_valid_name  # capd.registry imports it from here
 from ._routes import ANY_ERROR, ErrorRoute, check_routes
 from ._template import TemplateError, check_known
 from ._threads import OpThreads, ThreadHandle
@@ -35,11 +37,9 @@ Safety = Literal["read_only", "writes", "destructive", "external_side_effects"]
 SAFETY_LEVELS: tuple[Safety, ...] = ("read_only", "writes", "destructive",
                                      "external_side_effects")
 
-NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$"
 TOOL_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]*$"
 # An exception class by dotted name: ``builtins.ConnectionError``, ``httpx.ConnectError``.
 ERROR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
-_NAME_RE = re.compile(NAME_PATTERN)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -322,6 +322,15 @@ class Capability(BaseModel):
     ``func`` is called as ``func(params, **options)`` where ``params`` is an
     instance of ``parameters``; it may be async or plain (plain ones run in a
     worker thread).
+
+    ``aliases`` are other names it answers to, as seed packs write them
+    (``security-auditor``, ``code_review``, ``v2.tool``, ``notes.add``): each is
+    1 to 64 characters of lower-case letters, digits, ``.``, ``_`` and ``-``,
+    starting with a letter or a digit (``_names.ALIAS_PATTERN``; so never a path
+    dot-segment, never an option, never ``@``), listed once, and not the
+    capability's own name. Whether it clashes with another capability's name
+    or alias is the build's check. Wherever a name is looked up, ``@alias``
+    (and ``@name``) is the same as ``alias`` (``_names.without_mark``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -339,6 +348,10 @@ class Capability(BaseModel):
     consent_operations: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    channels: tuple[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")], ...] = Field(
+        (), description="The conversation channels it may run for (private, team...): a "
+        "caller speaking from another channel, or from none, is refused (wrong_channel). "
+        "Empty: every channel.")
     latency_class: LatencyClass = "inner"
     timeout_s: float = Field(30.0, gt=0, le=3600)
     op_id: str | None = None
@@ -379,6 +392,26 @@ class Capability(BaseModel):
                 raise ValueError(f"tool id {tool!r} must match {TOOL_ID_PATTERN}")
         if len(set(value)) != len(value):
             raise ValueError("a tool is listed twice")
+        return value
+
+    @field_validator("aliases")
+    @classmethod
+    def _well_formed_aliases(
+        cls, value: tuple[str, ...], info: ValidationInfo
+    ) -> tuple[str, ...]:
+        problems: list[str] = []
+        seen: set[str] = set()
+        for alias in value:
+            problem = alias_problem(alias)
+            if alias in seen:
+                problems.append(f"alias {alias!r} is listed twice")
+            elif problem is not None:
+                problems.append(problem)
+            elif alias == info.data.get("name"):
+                problems.append(f"alias {alias!r} repeats the capability's own name")
+            seen.add(alias)
+        if problems:
+            raise ValueError("; ".join(problems))
         return value
 
     @field_validator("on_error")
@@ -539,8 +572,3 @@ class Capability(BaseModel):
         if on_thread is not None:
             on_thread(thread)
         return await asyncio.wrap_future(thread)
-
-
-def is_valid_name(name: str) -> bool:
-    """Whether ``name`` is a well-formed dot-namespaced capability name."""
-    return bool(_NAME_RE.match(name))

@@ -5,7 +5,8 @@ daemon holds one and swaps it whole on reload. Between reloads, the recovery
 layer moves capabilities between live and disabled *in place* through
 :meth:`Registry.record_probe` and :meth:`Registry.mark_tool_down`.
 
-Every lookup by name also takes one of the capability's ``aliases``; what it
+Every lookup by name also takes one of the capability's ``aliases``, and either
+written with a leading ``@`` (``@security-auditor``, ``@notes.append``); what it
 returns is the capability itself, so results and logs carry the canonical name.
 
 :attr:`Registry.hooks` holds the before- and after-call hooks of the same
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from ._errors import DeclarationError, UnknownCapability
 from ._hooks import HookSpec
 from ._model import Capability, ProbeResult, ToolSpec
+from ._names import ALIAS_MARK, without_mark
 from ._ops import OpTable
 
 if TYPE_CHECKING:  # the search stack (numpy, the embedding model) loads at first use
@@ -120,18 +122,31 @@ class Registry:
     def resolve(self, name: str) -> str:
         """Return the canonical name of ``name`` (itself, or the capability it is an alias of).
 
-        Raises :class:`UnknownCapability`, with close names and aliases as suggestions.
+        ``@name`` and ``@alias`` resolve as ``name`` and ``alias`` do. Raises
+        :class:`UnknownCapability` naming what was asked, with close names and
+        aliases (unmarked) as suggestions.
         """
-        if name in self._all:
+        if name in self._all:  # what dispatch passes almost every time: no second call
             return name
-        canonical = self._aliases.get(name)
+        canonical = self._canonical(name)
         if canonical is not None:
             return canonical
         known = [*self._all, *self._aliases]
-        raise UnknownCapability(name, difflib.get_close_matches(name, known, n=3, cutoff=0.6))
+        raise UnknownCapability(name, difflib.get_close_matches(without_mark(name), known, n=3,
+                                                                cutoff=0.6))
+
+    def _canonical(self, name: str) -> str | None:
+        """The canonical name ``name`` stands for (name, alias, ``@`` or not), or None."""
+        if name in self._all:
+            return name
+        canonical = self._aliases.get(name)
+        if canonical is None and name.startswith(ALIAS_MARK):
+            bare = without_mark(name)
+            canonical = bare if bare in self._all else self._aliases.get(bare)
+        return canonical
 
     def get(self, name: str) -> Capability:
-        """Return the capability ``name`` (or aliased ``name``), live or disabled.
+        """Return the capability ``name`` (or aliased ``name``, ``@`` or not), live or disabled.
 
         Raises :class:`UnknownCapability`.
         """
@@ -180,8 +195,8 @@ class Registry:
         return frozenset(t for entry in self._disabled.values() for t in entry.missing)
 
     def __contains__(self, name: object) -> bool:
-        """Whether ``name`` is a capability's name or one of its aliases."""
-        return name in self._all or name in self._aliases
+        """Whether ``name`` is a capability's name or one of its aliases (``@`` or not)."""
+        return isinstance(name, str) and self._canonical(name) is not None
 
     def __len__(self) -> int:
         return len(self._all)

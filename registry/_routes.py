@@ -4,7 +4,7 @@ A capability declares them as ``[[capability.on_error]]`` tables::
 
     [[capability.on_error]]
     error_type = "timeout"     # the ToolResult's error_type, or "*" for any
-    try = ["web.fetch_alt", "web.snippet"]
+    try = ["web.fetch_alt", "web.snippet", "@web-cache"]   # names or aliases, "@" or not
 
 What one capability's routes must satisfy on their own (a non-empty chain, no
 name twice, not the capability itself, one route per error type) is checked
@@ -22,6 +22,8 @@ import re
 from collections.abc import Container, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ._names import without_mark
 
 ANY_ERROR = "*"
 # An error type as a ToolResult carries it: ``timeout``, ``capability_disabled``,
@@ -71,12 +73,12 @@ def check_routes(routes: Iterable[ErrorRoute], own_names: Iterable[str]) -> None
     """Raise :class:`ValueError` when ``routes`` name one of ``own_names`` or repeat an error type.
 
     ``own_names`` are the capability's name and aliases: a capability is no
-    fallback of itself.
+    fallback of itself, whether a route writes it with ``@`` or not.
     """
     own = set(own_names)
     seen: set[str] = set()
     for route in routes:
-        itself = [name for name in route.try_ if name in own]
+        itself = [name for name in route.try_ if without_mark(name) in own]
         if itself:
             raise ValueError(
                 f"the route for error_type {route.error_type!r} names the capability itself "
@@ -95,19 +97,21 @@ def resolve_routes(
     """Resolve every name in ``routes`` of capability ``name`` through ``known``.
 
     ``known`` maps every declared capability name and alias to its canonical
-    name. Returns the routes with canonical names, and what is wrong with them,
-    one phrase each (with a suggestion when a close name exists); the routes
-    are only meaningful when that list is empty.
+    name; a route may write either with a leading ``@``. Returns the routes
+    with canonical names, and what is wrong with them, one phrase each (with a
+    suggestion when a close name exists); the routes are only meaningful when
+    that list is empty.
     """
     problems: list[str] = []
     resolved: list[ErrorRoute] = []
     for route in routes:
         chain: dict[str, str] = {}  # canonical -> as written
         for target in route.try_:
-            canonical = known.get(target)
+            canonical = known.get(without_mark(target))
             where = f"{target!r} (error_type {route.error_type!r})"
             if canonical is None:
-                close = difflib.get_close_matches(target, list(known), n=1, cutoff=0.6)
+                close = difflib.get_close_matches(without_mark(target), list(known), n=1,
+                                                  cutoff=0.6)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 problems.append(f"{where} is not a capability{hint}")
             elif canonical == name:

@@ -41,6 +41,7 @@ import structlog
 from ._embed import Embedder, EmbeddingModelMissing, Vectors, embed_with_cache, load_embedder
 from ._lexical import FIELD_WEIGHTS, LexicalIndex, QueryTerm, Scores, expand
 from ._model import Capability, estimate_tokens
+from ._names import without_mark
 from ._terms import STOP_WORDS, tokenize, words
 
 __all__ = [
@@ -116,7 +117,8 @@ class Ranking:
 def _fields(cap: Capability) -> dict[str, str]:
     return {
         "name": cap.name.replace(".", " ").replace("_", " ").replace("-", " "),
-        "aliases": " ".join(a.replace(".", " ").replace("_", " ") for a in cap.aliases),
+        "aliases": " ".join(a.replace(".", " ").replace("_", " ").replace("-", " ")
+                            for a in cap.aliases),
         "tags": " ".join(cap.tags),
         "summary": cap.summary,
         "description": cap.description,
@@ -202,7 +204,7 @@ class SearchIndex:
     ) -> Ranking:
         """The ``k`` best capabilities for ``query`` that pass every filter, and a confidence.
 
-        An exact id or alias match comes first. ``boost`` multiplies scores
+        An exact id or alias match (``@`` or not) comes first. ``boost`` multiplies scores
         (observed success rates); ``allowed`` decides membership (live only, a
         profile, host requirements). With ``method="hybrid"`` (the default) or
         ``"semantic"``, a query with any content returns ``k`` hits when ``k``
@@ -220,7 +222,7 @@ class SearchIndex:
                 return False
             return allowed(cap.name)
 
-        exact = self._exact.get(query.strip().lower())
+        exact = self._exact.get(without_mark(query.strip()).lower())
         hits: list[Hit] = []
         if exact is not None and passes(exact):
             hits.append(Hit(self._caps[exact], math.inf, exact=True))
