@@ -1,34 +1,49 @@
-"""Human renderings of operator command bodies, for the CLI without ``--json``."""
+"""Human renderings of operator command bodies, for the CLI without ``--json``.
+
+Every value a renderer puts in a row of its own goes through :func:`_cell`
+(``one_line``): escaped so that it cannot steer the terminal, with its own line
+breaks and tabs escaped too, so that it stays in its row. The CLI writes what a
+renderer returns through ``echo``, which escapes the whole text once more; a
+pretty-JSON rendering is a ``Document``, exact when redirected (``_terminal``).
+"""
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from ._terminal import Document, echo, one_line
 
-def render_json(body: Any) -> str:
-    """Pretty JSON: the default rendering."""
-    return json.dumps(body, indent=2, sort_keys=False)
+
+def _cell(value: Any) -> str:
+    """``value`` as text for one row of a table: on one line, nothing raw in it."""
+    return one_line(str(value))
+
+
+def render_json(body: Any) -> Document:
+    """Pretty JSON: the default rendering (``json.dumps`` escapes every control but DEL)."""
+    return Document(json.dumps(body, indent=2, sort_keys=False))
 
 
 def render_health(body: Any) -> str:
     """One status line, then one line per check that is not passing."""
-    lines = [f"{body['status']}: {body['output']} (capd {body['version']})"]
+    lines = [f"{_cell(body['status'])}: {_cell(body['output'])} (capd {_cell(body['version'])})"]
     for key, items in body.get("checks", {}).items():
         for item in items:
             if item.get("status") != "pass":
-                lines.append(f"  {item['status']:<5} {key}: {item.get('output', '')}")
+                lines.append(f"  {_cell(item['status']):<5} {_cell(key)}: "
+                             f"{_cell(item.get('output', ''))}")
     return "\n".join(lines)
 
 
 def render_list(body: Any) -> str:
     """A table of capsules."""
-    caps = body["capabilities"]
-    width = max((len(c["name"]) for c in caps), default=10)
+    rows = [(_cell(c["state"]), _cell(c["name"]), _cell(c["summary"]))
+            for c in body["capabilities"]]
+    width = max((len(name) for _, name, _ in rows), default=10)
     lines = [f"{'STATE':<9} {'CAPABILITY':<{width}} SUMMARY"]
-    lines += [f"{c['state']:<9} {c['name']:<{width}} {c['summary']}" for c in caps]
+    lines += [f"{state:<9} {name:<{width}} {summary}" for state, name, summary in rows]
     return "\n".join(lines)
 
 
@@ -36,11 +51,12 @@ def render_call(body: Any) -> str:
     """The result on success; the state, error type and message otherwise."""
     if body["status"] == "success":
         return render_json(body["result"])
-    text = f"{body['status']}: {body.get('error_type') or ''}: {body.get('message') or ''}"
-    if body.get("queued") and body["queued"] not in text:
-        text += f"\nqueued as job {body['queued']}"
+    text = (f"{_cell(body['status'])}: {_cell(body.get('error_type') or '')}: "
+            f"{_cell(body.get('message') or '')}")
+    if body.get("queued") and _cell(body["queued"]) not in text:
+        text += f"\nqueued as job {_cell(body['queued'])}"
     if body.get("alternatives"):
-        text += f"\nalternatives: {', '.join(body['alternatives'])}"
+        text += f"\nalternatives: {', '.join(_cell(a) for a in body['alternatives'])}"
     return text
 
 
@@ -48,9 +64,9 @@ def render_jobs(body: Any) -> str:
     """A table of retry jobs."""
     lines = [f"{'ID':<32}  {'STATE':<14} {'TRIES':>5}  CAPABILITY  LAST ERROR"]
     for job in body["jobs"]:
-        lines.append(f"{job['id']:<32}  {job['state']:<14} "
-                     f"{job['attempts']:>2}/{job['max_attempts']:<2}  {job['capability']}  "
-                     f"{job.get('last_error') or ''}")
+        lines.append(f"{_cell(job['id']):<32}  {_cell(job['state']):<14} "
+                     f"{job['attempts']:>2}/{job['max_attempts']:<2}  {_cell(job['capability'])}  "
+                     f"{_cell(job.get('last_error') or '')}")
     return "\n".join(lines)
 
 
@@ -59,16 +75,18 @@ def render_search(body: Any) -> str:
     hits = body["results"]
     if not hits:
         return "no capability matches"
-    width = max(len(h["name"]) for h in hits)
+    width = max(len(_cell(h["name"])) for h in hits)
     lines = [f"{'SCORE':>6}  {'STATE':<9} {'CAPABILITY':<{width}} SUMMARY"]
     for hit in hits:
         score = "exact" if hit.get("exact") or hit.get("score") is None else f"{hit['score']:.2f}"
-        summary = hit["summary"]
+        summary = _cell(hit["summary"])
         if hit.get("disabled"):
-            summary += f" (missing: {', '.join(hit['disabled']['missing'])})"
+            summary += f" (missing: {', '.join(_cell(t) for t in hit['disabled']['missing'])})"
             hints = hit["disabled"].get("install_hints") or {}
-            summary += "".join(f" (install {tool}: {hint})" for tool, hint in hints.items())
-        lines.append(f"{score:>6}  {hit['state']:<9} {hit['name']:<{width}} {summary}")
+            summary += "".join(f" (install {_cell(tool)}: {_cell(hint)})"
+                               for tool, hint in hints.items())
+        lines.append(f"{score:>6}  {_cell(hit['state']):<9} {_cell(hit['name']):<{width}} "
+                     f"{summary}")
     return "\n".join(lines)
 
 
@@ -77,32 +95,36 @@ def render_agents(body: Any) -> str:
     agents = body["agents"]
     if not agents:
         return "no agent is declared; add [agents.NAME] to capd.toml"
-    width = max([len("AGENT"), *(len(a["agent"]) for a in agents)])
+    width = max([len("AGENT"), *(len(_cell(a["agent"])) for a in agents)])
     lines = [f"{'AGENT':<{width}}  CAPABILITIES"]
-    lines += [f"{a['agent']:<{width}}  {', '.join(a['capabilities'])}" for a in agents]
+    lines += [f"{_cell(a['agent']):<{width}}  {', '.join(_cell(c) for c in a['capabilities'])}"
+              for a in agents]
     for injection in body.get("injections", []):
-        why = f"  ({injection['why']})" if injection.get("why") else ""
-        lines.append(f"injection: when {injection['when']} add {', '.join(injection['add'])}{why}")
+        why = f"  ({_cell(injection['why'])})" if injection.get("why") else ""
+        added = ", ".join(_cell(name) for name in injection["add"])
+        lines.append(f"injection: when {_cell(injection['when'])} add {added}{why}")
     return "\n".join(lines)
 
 
 def render_agent(body: Any) -> str:
     """One agent: each entry and what it selects (or why it selects nothing)."""
-    lines = [f"{body['agent']}: {body['description']}" if body.get("description")
-             else body["agent"]]
+    lines = [f"{_cell(body['agent'])}: {_cell(body['description'])}" if body.get("description")
+             else _cell(body["agent"])]
     for item in body["expansion"]:
-        found = ", ".join(item["capabilities"]) or f"NOTHING: {item.get('problem', '')}"
-        lines.append(f"  {item['entry']} ({item['kind']}) -> {found}")
+        found = (", ".join(_cell(c) for c in item["capabilities"])
+                 or f"NOTHING: {_cell(item.get('problem', ''))}")
+        lines.append(f"  {_cell(item['entry'])} ({_cell(item['kind'])}) -> {found}")
     return "\n".join(lines)
 
 
 def render_topologies(body: Any) -> str:
     """A table of topologies: id, roles, instances, title; then what could not be read."""
     tops = body["topologies"]
-    width = max([len("TOPOLOGY"), *(len(t["id"]) for t in tops)])
+    width = max([len("TOPOLOGY"), *(len(_cell(t["id"])) for t in tops)])
     lines = [f"{'TOPOLOGY':<{width}}  INSTANCES  TITLE"]
-    lines += [f"{t['id']:<{width}}  {t['instances']:>9}  {t['title']}" for t in tops]
-    lines += [f"error: {e['message']}" for e in body.get("errors", [])]
+    lines += [f"{_cell(t['id']):<{width}}  {t['instances']:>9}  {_cell(t['title'])}"
+              for t in tops]
+    lines += [f"error: {_cell(e['message'])}" for e in body.get("errors", [])]
     return "\n".join(lines)
 
 
@@ -110,17 +132,17 @@ def render_validation(body: Any) -> str:
     """``ok ID`` or ``invalid ID`` with one indented line per problem."""
     lines = []
     for top in body["topologies"]:
-        lines.append(f"{'ok' if top['ok'] else 'invalid'} {top['id']}")
-        lines += [f"  {problem}" for problem in top["problems"]]
-    lines += [f"error: {e['message']}" for e in body.get("errors", [])]
+        lines.append(f"{'ok' if top['ok'] else 'invalid'} {_cell(top['id'])}")
+        lines += [f"  {_cell(problem)}" for problem in top["problems"]]
+    lines += [f"error: {_cell(e['message'])}" for e in body.get("errors", [])]
     return "\n".join(lines) or "no topology is declared"
 
 
-def render_export(body: Any) -> str:
+def render_export(body: Any) -> Document:
     """The tool definitions alone, as the provider's API takes them (``tools=[...]``);
     what could not be rendered is named on stderr, so a redirected file stays clean."""
     for item in body.get("skipped", []):
-        print(f"capd: skipped {item['name']}: {item['reason']}", file=sys.stderr)
+        echo(f"capd: skipped {_cell(item['name'])}: {_cell(item['reason'])}", err=True)
     return render_json(body["tools"])
 
 
@@ -129,7 +151,9 @@ def describe_failure(command: str, body: Any) -> str:
 
     A problem body gives its ``detail``; a ToolResult names the capability, the
     message, its state and error type; a body with an ``error`` (a failed reload)
-    says that ``command`` failed and why.
+    says that ``command`` failed and why. The sentence keeps the message's own
+    line breaks (a reload's declaration errors read better as lines; stderr has no
+    rows to break); ``echo`` escapes everything else in it.
     """
     if not isinstance(body, dict):
         return f"{command} failed: {body}"

@@ -9,6 +9,11 @@ service files). Every subcommand's ``--help`` ends with examples.
 
 Exit status: 0 done, 1 failed (one ``capd: <sentence>`` on stderr), 2 usage,
 130 interrupted (Ctrl-C), 141 the reader of stdout went away (``| head``).
+
+Output: ``--json`` is printed as ``json.dumps`` gives it; everything else goes
+through ``_terminal.echo``, which escapes what could steer a terminal (ESC, BEL,
+bidi overrides; see ``_terminal``) and leaves a machine format (``Document``)
+exact when it is redirected.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +38,7 @@ from .._views import check_report, render_check_table
 from ._client import request
 from ._completion import SHELLS
 from ._render import RENDERERS, describe_failure
+from ._terminal import Document, echo
 
 if TYPE_CHECKING:  # the bridge's module loads the MCP SDK: only `capd mcp` needs it
     from ._mcp import Profile
@@ -113,12 +120,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     loaded = load_config(_config_path(args.config))
     for variable in loaded.unknown_env:
-        print(f"capd: warning: {variable.sentence()}", file=sys.stderr)
+        echo(f"capd: warning: {variable.sentence()}", err=True)
     loaded.seed()  # what the daemon would find at its start
     registry = asyncio.run(build(loaded.build_config()))
     report = check_report(registry.snapshot())
     report["not_on_host"] = dict(registry.not_on_host)
-    print(json.dumps(report, indent=2) if args.json else render_check_table(report))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        echo(render_check_table(report))
     if args.strict and report["errors"]:
         return EXIT_FAILED
     return EXIT_OK
@@ -176,15 +186,19 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     profile = _bridge_profile(args)
     if args.expose == "meta" and args.tag:
         raise UsageError("--tag chooses what --expose direct exposes; add --expose direct")
+    channel = getattr(args, "channel", None)
+    if channel is not None and not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", channel):
+        raise UsageError(f"--channel {channel!r}: a channel is 1-64 lower-case letters, "
+                         "digits, '.', '_' or '-'")
     bridge = Bridge(DaemonLink(_socket_path(args.socket)), profile=profile,
-                    direct_tags=frozenset(args.tag or ()) if args.expose == "direct" else None)
+                    direct_tags=frozenset(args.tag or ()) if args.expose == "direct" else None,
+                    channel=channel)
 
     async def main() -> None:
         try:
             await bridge.validate_profile()
         except DaemonDown as exc:
-            print(f"capd mcp: {exc} The profile is checked when the daemon answers.",
-                  file=sys.stderr)
+            echo(f"capd mcp: {exc} The profile is checked when the daemon answers.", err=True)
         await serve(bridge)
 
     anyio.run(main)
@@ -218,6 +232,8 @@ def cmd_mcp_config(args: argparse.Namespace) -> int:
         arguments += ["--allow", ",".join(sorted(profile.capabilities))]
     if args.expose == "direct":
         arguments += ["--expose", "direct", *(x for t in args.tag or () for x in ("--tag", t))]
+    if getattr(args, "channel", None):
+        arguments += ["--channel", args.channel]
     print(json.dumps({"mcpServers": {name: {"command": command, "args": arguments}}},
                      indent=2))
     return EXIT_OK
@@ -227,7 +243,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
     """Print the completion script for ``args.shell``, generated from the parser."""
     from ._completion import completion_script
 
-    print(completion_script(make_parser(), args.shell), end="")
+    echo(Document(completion_script(make_parser(), args.shell)), end="")
     return EXIT_OK
 
 
@@ -238,19 +254,18 @@ def cmd_install_units(args: argparse.Namespace) -> int:
     dest = Path(args.dest) if args.dest else None
     units = unit_set(user=args.user, launchd=args.launchd, dest=dest)
     if args.print:
-        print(render_units(units), end="")
+        echo(Document(render_units(units)), end="")
         return EXIT_OK
     try:
         written = write_units(units)
     except OSError as exc:
         hint = "" if args.user or args.launchd or dest else " (run as root, or pass --user)"
-        print(f"capd: cannot write {exc.filename}: {exc.strerror or exc}{hint}",
-              file=sys.stderr)
+        echo(f"capd: cannot write {exc.filename}: {exc.strerror or exc}{hint}", err=True)
         return EXIT_FAILED
     for path in written:
-        print(f"wrote {path}", file=sys.stderr)
+        echo(f"wrote {path}", err=True)
     if dest is None:
-        print(f"next: {units.next_step}", file=sys.stderr)
+        echo(f"next: {units.next_step}", err=True)
     return EXIT_OK
 
 
@@ -312,16 +327,17 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
                        headers=headers or None)
     ok = 200 <= response.status < 300
     problem = response.content_type.startswith("application/problem+json")
-    if isinstance(response.body, str):  # a text body (metrics) is printed as it came
-        print(response.body, end="" if response.body.endswith("\n") else "\n")
+    if isinstance(response.body, str):  # a text body (metrics, TOML): a format, as it came
+        echo(Document(response.body), end="" if response.body.endswith("\n") else "\n")
     elif args.json:
         print(json.dumps(response.body, indent=2))
     elif problem or not (ok or row.id in STATUS_REPORTS):
-        print(f"capd: {describe_failure(' '.join(row.cli), response.body)}", file=sys.stderr)
+        echo(f"capd: {describe_failure(' '.join(row.cli), response.body)}", err=True)
     elif not row.json_mode:
-        print(response.body.get("status") if isinstance(response.body, dict) else response.body)
+        echo(str(response.body.get("status") if isinstance(response.body, dict)
+                 else response.body))
     else:
-        print(RENDERERS[row.render](response.body))
+        echo(RENDERERS[row.render](response.body))
     return EXIT_OK if ok else EXIT_FAILED
 
 
@@ -413,6 +429,9 @@ def make_parser() -> argparse.ArgumentParser:
         mcp.add_argument("--expose", choices=("meta", "direct"), default="meta",
                          help="direct: also offer matching capabilities as tools")
         mcp.add_argument("--tag", action="append", help="with --expose direct: these tags")
+        mcp.add_argument("--channel", help="the conversation channel the agent speaks from "
+                         "(private, team...): capabilities declaring channels run only for "
+                         "theirs; a caller [[peers]] binds to a channel cannot change it")
         mcp.set_defaults(handler=handler)
 
     completion = _add_command(
@@ -446,10 +465,10 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         code: int = args.handler(args)
     except UsageError as exc:
-        print(f"capd: {exc}", file=sys.stderr)
+        echo(f"capd: {exc}", err=True)
         return EXIT_USAGE
     except CapdError as exc:
-        print(f"capd: {exc}", file=sys.stderr)
+        echo(f"capd: {exc}", err=True)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
