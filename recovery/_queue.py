@@ -472,8 +472,10 @@ class RetryQueue:
                 (state, limit))
         return [job_from_row(r) for r in rows]
 
-    async def operator_retry(self, job_id: str) -> Job:
-        """Make a parked, dead, cancelled or partial job due now, with at least one more attempt."""
+    async def operator_retry(self, job_id: str, *, actor: str | None = None) -> Job:
+        """Make a parked, dead, cancelled or partial job due now, with at least one more attempt.
+
+        ``actor`` (who asked: uid, pid, grant) is written to the job's audit trail."""
         job = await self.get(job_id)
         if job.state not in ("needs_operator", "dead", "cancelled", "partial"):
             raise InvalidTransition(
@@ -487,14 +489,15 @@ class RetryQueue:
                 " max_attempts = max(max_attempts, attempts + 1), created_at = ?"
                 " WHERE id = ? AND state = ?", (now, now, now, job_id, job.state))
             self._audit(db, job_id, "operator", job.fence, "pending",
-                        f"retry requested (was {job.state})")
+                        f"retry requested (was {job.state})"
+                        + (f" by {actor}" if actor else ""))
 
         await self._transaction(work)
         self._on_enqueue()
         return await self.get(job_id)
 
-    async def cancel(self, job_id: str) -> Job:
-        """Cancel a job that is not running or finished."""
+    async def cancel(self, job_id: str, *, actor: str | None = None) -> Job:
+        """Cancel a job that is not running or finished; ``actor`` goes to its audit trail."""
         job = await self.get(job_id)
         if job.state not in ("pending", "needs_operator", "dead"):
             raise InvalidTransition(
@@ -506,7 +509,7 @@ class RetryQueue:
             db.execute("UPDATE jobs SET state = 'cancelled', updated_at = ? WHERE id = ?"
                        " AND state = ?", (self._clock(), job_id, job.state))
             self._audit(db, job_id, "operator", job.fence, "cancelled",
-                        f"cancelled (was {job.state})")
+                        f"cancelled (was {job.state})" + (f" by {actor}" if actor else ""))
 
         await self._transaction(work)
         return await self.get(job_id)

@@ -76,6 +76,10 @@ class OperatorCommand:
     # Why a row that is not operator-only is still not an MCP tool (a test requires one).
     cli_only: str | None = None
     examples: tuple[str, ...] = ()  # command lines for --help; a comment may follow "#"
+    # Who may use the row: "operator" (root, the daemon's uid, operator_uids) and/or
+    # "agent" (a peer bound by [[peers]], one narrowed by capd mcp --allow, or an
+    # allow_uids peer that is no operator). Set for every row from ROLES below.
+    roles: tuple[str, ...] = ()
     path_params: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -343,6 +347,9 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                         "answer when it is done: ok, how long it took, and the error if it "
                         "failed (the previous registry then keeps serving).",
                         {"type": "object", "properties": {}})),
+    OperatorCommand("whoami", "Who the daemon takes you for: role, profile, channel, reach.",
+                    "GET", "/whoami", ("whoami",), "whoami",
+                    examples=("capd whoami", "capd whoami --json | jq .role")),
     OperatorCommand("status", "Registry, reload and task statistics.", "GET", "/status",
                     ("status",), "status",
                     examples=("capd status", "capd status --json | jq .reload")),
@@ -457,9 +464,46 @@ _CLI_ONLY = {
                      "queue-cancel"), QUEUE_IS_THE_OPERATORS),
     **dict.fromkeys(("agent-list", "agent-show", "agent-resolve"), AGENTS_ARE_CONFIGURED),
     "topology-validate": TOPOLOGY_VALIDATION_IS_AUTHORING,
+    "whoami": ("the bridge reads it to know what to offer; an agent learns its reach from "
+               "search and list, which show only what it may use"),
 }
-COMMANDS = tuple(replace(row, cli_only=_CLI_ONLY[row.id]) if row.id in _CLI_ONLY else row
-                 for row in COMMANDS)
+
+OPERATOR = ("operator",)
+EVERYONE = ("operator", "agent")
+ROLES: dict[str, tuple[str, ...]] = {
+    # supervisors' probes: an agent sees only the capabilities inside its grant in /health
+    **dict.fromkeys(("health", "livez", "readyz"), EVERYONE),
+    # what an agent works with, each answer limited to its grant
+    **dict.fromkeys(("list", "search", "show", "export", "call", "preflight", "whoami"),
+                    EVERYONE),
+    # a capability inside the grant only (anything else is unknown to it)
+    "recheck": EVERYONE,
+    # agents and topologies an agent may read: only those wholly inside its grant
+    **dict.fromkeys(("agent-list", "agent-show", "agent-resolve", "topology-list",
+                     "topology-validate", "topology-show", "topology-expand"), EVERYONE),
+    # the operator's: a tool unblocks capabilities outside any one grant; a reload, the
+    # statistics and the queue (every job's parameters) are the whole daemon's
+    **dict.fromkeys(("recheck-tool", "reload", "status", "metrics", "queue-stats",
+                     "queue-purge", "queue-list", "queue-show", "queue-retry", "queue-cancel",
+                     "consent-grant", "consent-list", "consent-revoke", "sessions",
+                     "sessions-reset"), OPERATOR),
+}
+"""Who may use each row; the router refuses anyone else with 403 (every row is here)."""
+
+COMMANDS = tuple(replace(row, cli_only=_CLI_ONLY.get(row.id, row.cli_only),
+                         roles=ROLES[row.id]) for row in COMMANDS)
+
+
+def role_table() -> str:
+    """The README's Policy table: every row's surfaces and who may use it (markdown)."""
+    lines = ["| command | HTTP | MCP tool | operator | agent |", "|---|---|---|---|---|"]
+    for row in COMMANDS:
+        tool = (row.mcp.name if row.mcp else
+                f"{row.optional_mcp.name} (if offered)" if row.optional_mcp else "—")
+        cells = ["yes" if role in row.roles else "403" for role in ("operator", "agent")]
+        lines.append(f"| `capd {' '.join(row.cli)}` | `{row.method} {row.path}` | {tool} | "
+                     f"{cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
 
 
 def command(command_id: str) -> OperatorCommand:

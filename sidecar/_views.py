@@ -30,6 +30,7 @@ def capsule(cap: Capability, *, live: bool) -> dict[str, Any]:
         "tags": list(cap.tags),
         "latency_class": cap.latency_class,
         "state": "live" if live else "disabled",
+        **({"channels": list(cap.channels)} if cap.channels else {}),
     }
 
 

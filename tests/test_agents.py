@@ -3,6 +3,7 @@ fail closed on anything that selects nothing; the claude and codex formats; `--a
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -126,17 +127,23 @@ def test_a_tag_is_expanded_and_disabled_ones_say_what_they_miss(registry: Regist
     assert done.disabled == {"notes.append": ("vault",)}
 
 
-def test_a_direct_upstream_becomes_a_server_of_its_own(registry: Registry) -> None:
-    """A capability needing a `direct = true` MCP tool adds that server (command or url);
-    a tool capd mediates (time_mcp, not direct) adds nothing."""
+def test_a_direct_upstream_is_served_through_the_bridge_never_raw(registry: Registry) -> None:
+    """A capability needing a `direct = true` MCP tool is offered by the capd bridge as a
+    tool of its own (--expose direct); the upstream's command, env and url are never
+    handed out, so no tool the operator excluded or the agent did not declare is reached."""
     done = resolve(registry, "git_mcp.*", "web.search", "time.now")
-    assert done.servers["git_mcp"] == {"command": "git-mcp", "args": ["--stdio"],
-                                       "env": {"GIT_TOKEN": "t"}}
-    assert done.servers["web.search"] == {"type": "http", "url": "https://search.example/mcp"}
-    assert set(done.servers) == {"capd-reviewer", "git_mcp", "web.search"}
+    assert set(done.servers) == {"capd-reviewer"}
+    args = done.servers["capd-reviewer"]["args"]
+    assert args[-2:] == ["--expose", "direct"]
+    assert args[args.index("--allow") + 1] == "git_mcp.diff,git_mcp.log,time.now,web.search"
     assert done.direct == {"git_mcp": ("git_mcp.diff", "git_mcp.log"),
                            "web.search": ("web.search",)}
-    assert "time.now" in done.servers["capd-reviewer"]["args"][-1]
+    text = json.dumps(done.as_json())
+    assert "git-mcp" not in text
+    assert "GIT_TOKEN" not in text
+    assert "search.example" not in text
+    plain = resolve(registry, "notes.search")  # nothing direct: the meta tools only
+    assert "--expose" not in plain.servers["capd-reviewer"]["args"]
 
 
 # ---------------------------------------------------------------------- fail closed
@@ -257,11 +264,14 @@ def test_codex_format_is_toml_with_every_server(registry: Registry) -> None:
     done = resolve(registry, "git_mcp.*", "web.search")
     text = codex_config(done)
     assert text.startswith("[mcp_servers.capd-reviewer]\ncommand = \"/usr/bin/capd\"\n")
-    assert '[mcp_servers."web.search"]' in text
     parsed = tomllib.loads(text)["mcp_servers"]
-    assert parsed["capd-reviewer"] == done.servers["capd-reviewer"]
-    assert parsed["git_mcp"] == done.servers["git_mcp"]
-    assert parsed["web.search"] == {"url": "https://search.example/mcp"}
+    assert parsed == {"capd-reviewer": done.servers["capd-reviewer"]}
+    odd = AgentResolution(agent="x", description="", context={}, expansion=(), injected=(),
+                          capabilities=(), disabled={}, direct={},
+                          servers={"web.search": {"type": "http", "url": "https://x/mcp"}})
+    text = codex_config(odd)
+    assert '[mcp_servers."web.search"]' in text
+    assert tomllib.loads(text)["mcp_servers"]["web.search"] == {"url": "https://x/mcp"}
 
 
 def test_codex_strings_survive_quotes_and_control_characters() -> None:
@@ -344,7 +354,7 @@ async def test_a_profile_bound_caller_sees_only_agents_inside_its_profile(
     as a hidden capability is; the daemon's own user sees every agent."""
     from capd.sidecar.server import Caller, Daemon
     from capd.sidecar.server._agent_handlers import agent_resolve, agents_list
-    from capd.sidecar.server._policy import PeerBinding, Policy, Profile
+    from capd.sidecar.server._grant import Grant, Profile
     from capd.sidecar.server._services import Context
 
     daemon = Daemon(load_config(config(tmp_path, '''
@@ -356,12 +366,12 @@ capabilities = ["notes.search", "git_mcp.*"]
 ''')), socket_path=tmp_path / "s.sock")
     try:
         daemon.registry = registry
-        daemon.policy = Policy(profiles={"notes": Profile("notes", ("notes.*",))},
-                               bindings=[PeerBinding("notes", uid=4242)])
+        notes = Grant("agent", Profile("notes", ("notes.*",)), bound=True)
 
         def ctx(uid: int, agent: str | None = None) -> Context:
+            grant = notes if uid == 4242 else Grant()
             return Context(services=daemon, path={"agent": agent} if agent else {}, query={},
-                           body=None, caller=Caller(uid=uid), request_id="t")
+                           body=None, caller=Caller(uid=uid, grant=grant), request_id="t")
 
         bound = await agents_list(ctx(4242))
         assert [a["agent"] for a in bound.body["agents"]] == ["reader"]

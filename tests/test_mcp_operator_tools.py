@@ -126,7 +126,7 @@ def test_a_profile_limits_what_recheck_reaches(short_tmp: Path, web: FlipServer)
         assert "recheck" in tools
         assert "reload" not in tools
         assert outside.is_error
-        assert "not in this agent's profile" in outside.content[0].text
+        assert "unknown capability 'e2e.web'" in outside.content[0].text
         assert not inside.is_error
         assert data(inside)["state"] == "live"
     finally:

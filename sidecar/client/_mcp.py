@@ -12,9 +12,13 @@ The daemon may be down: each tool then answers with ``is_error`` and a clear
 sentence, and the next call reconnects by itself. A profile limits every
 tool to the capabilities (or tags) it names; ``--allow a,b,c`` does the same for
 exactly the capabilities listed (what ``capd agent resolve`` hands an agent's
-runtime). A capability may be named, by the profile or by the agent, through one
-of its aliases: the daemon resolves the alias, and the profile is checked against
-the capability it resolved to.
+runtime); ``--channel`` says which conversation channel the agent speaks from.
+The bridge does not enforce any of it itself: it sends them with every request
+(the ``Capd-Grant`` header) and the daemon holds the bridge to them on every
+surface — calls, fallbacks, alternatives, pre-flight, search, list, show,
+export, agents, topologies — as a narrowing of the grant its uid already has,
+never a widening. A capability may be named through one of its aliases; the
+daemon resolves it and checks the capability it resolved to.
 """
 
 from __future__ import annotations
@@ -106,15 +110,42 @@ def allow_profile(text: str) -> Profile:
     return Profile(ALLOW_PROFILE, frozenset(names))
 
 
+def grant_header(profile: Profile | None, channel: str | None) -> str | None:
+    """The ``Capd-Grant`` header that holds the daemon to ``profile`` and ``channel``."""
+    if profile is None and channel is None:
+        return None
+    body: dict[str, Any] = {}
+    if profile is not None:
+        body["label"] = (ALLOW_PROFILE if profile.name == ALLOW_PROFILE
+                         else f"profile {profile.name}")
+        if profile.capabilities:
+            body["allow"] = sorted(profile.capabilities)
+        if profile.tags:
+            body["tags"] = sorted(profile.tags)
+    if channel is not None:
+        body["channel"] = channel
+    return json.dumps(body, separators=(",", ":"))
+
+
 class DaemonLink:
     """HTTP over the daemon's Unix socket: kept-alive connections, a fresh one after any failure."""
 
-    def __init__(self, socket_path: Path, *, session: str | None = None) -> None:
+    def __init__(self, socket_path: Path, *, session: str | None = None,
+                 grant: str | None = None) -> None:
         self.socket_path = socket_path
         # One agent session per bridge process (one MCP client): the daemon's unit of loop
         # detection and of session consent grants.
         self.agent_session = session or secrets.token_hex(8)
+        self._base_headers = {"Capd-Session": self.agent_session}
+        self.hold_to(grant)
         self._http = UnixHttp(socket_path, timeout_s=300.0)
+
+    def hold_to(self, grant: str | None) -> None:
+        """Send ``grant`` (a ``Capd-Grant`` value) with every request from now on."""
+        if grant is None:
+            self._base_headers.pop("Capd-Grant", None)
+        else:
+            self._base_headers["Capd-Grant"] = grant
 
     async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
                       body: Any = None, headers: dict[str, str] | None = None
@@ -124,7 +155,7 @@ class DaemonLink:
             path = _normalized(path)
         if query:
             path = f"{path}?{urlencode(query)}"
-        all_headers = {"Capd-Session": self.agent_session, **(headers or {})}
+        all_headers = {**self._base_headers, **(headers or {})}
         payload = json.dumps(body).encode() if method == "POST" and body is not None else None
         try:
             status, data = await self._http.request(method, path, body=payload,
@@ -191,37 +222,23 @@ class Bridge:
     profile: Profile | None = None
     direct_tags: frozenset[str] | None = None
     poll_s: float = 2.0
+    channel: str | None = None
     _direct: dict[str, types.Tool] = field(default_factory=dict)
     _operator: dict[str, McpTool] = field(default_factory=dict)  # offered, by tool name
     _session: Any = None
 
+    def __post_init__(self) -> None:
+        self.link.hold_to(grant_header(self.profile, self.channel))
+
     # ------------------------------------------------------------ helpers
 
     async def _capsules(self) -> list[dict[str, Any]]:
+        """Every capability this bridge may see (the daemon filters by its grant)."""
         status, body = await self.link.request("GET", "/capabilities", query={"limit": "100000"})
         if status != 200:
             raise DaemonDown(f"capd answered {status} to GET /capabilities")
         caps: list[dict[str, Any]] = body["capabilities"]
-        return [c for c in caps if self._allowed(c)]
-
-    def _allowed(self, capsule: dict[str, Any]) -> bool:
-        return self.profile is None or self.profile.allows(
-            capsule["name"], capsule["tags"], capsule.get("aliases", []))
-
-    async def _check_allowed(self, name: str) -> str | types.CallToolResult:
-        """Return the name to call ``name`` by, or the refusal when the profile excludes it.
-
-        With a profile, ``name`` (perhaps an alias) is resolved by the daemon and
-        the capability it resolves to is checked, and that canonical name is
-        returned, so the call reaches exactly the capability that was checked.
-        """
-        if self.profile is None:
-            return name
-        status, body = await self.link.request("GET", f"/capabilities/{quote(name, safe='')}")
-        if status == 200 and isinstance(body, dict) and self._allowed(body):
-            return str(body["name"])
-        return _text(f"capability {name!r} is not in this agent's profile "
-                     f"({self.profile.name})", is_error=True)
+        return caps
 
     async def validate_profile(self) -> None:
         """Every capability the profile names must exist; raise :class:`ConfigError`."""
@@ -260,8 +277,9 @@ class Bridge:
         return changed
 
     async def _refresh_operator(self) -> None:
-        """The operator tools the daemon's ``[mcp] operator_tools`` offers now."""
-        status, body = await self.link.request("GET", "/status")
+        """The operator tools the daemon's ``[mcp] operator_tools`` offers this bridge now
+        (those its grant may use: an agent's grant never reloads)."""
+        status, body = await self.link.request("GET", "/whoami")
         names = body.get("mcp", {}).get("operator_tools", []) if status == 200 else []
         self._operator = {spec.name: spec for row_id, spec in OPERATOR_TOOLS.items()
                           if row_id in names}
@@ -318,20 +336,9 @@ class Bridge:
         if name == "preflight_calls":
             status, body = await self.link.request("POST", _ROWS[name].path, body=arguments)
             return _problem(status, body) if status >= 400 else _text(body, is_error=False)
-        if name == "get_capability":
-            checked = await self._check_allowed(str(arguments["id"]))
-            if isinstance(checked, types.CallToolResult):
-                return checked
         row = _ROWS[name]
         path, query = _request_of(row, spec, arguments)
-        if name == "search_capabilities" and self.profile is not None:
-            wanted = int(query.get("k", "5"))
-            query["k"] = "100"
-            status, body = await self.link.request(row.method, path, query=query)
-            if status == 200:
-                body["results"] = [r for r in body["results"] if self._allowed(r)][:wanted]
-        else:
-            status, body = await self.link.request(row.method, path, query=query)
+        status, body = await self.link.request(row.method, path, query=query)
         if status >= 400:
             return _problem(status, body)
         return _text(body, is_error=False)
@@ -344,12 +351,6 @@ class Bridge:
         missing = [a for a in spec.input_schema.get("required", []) if a not in arguments]
         if missing:
             return _text(f"{name} needs {', '.join(missing)}", is_error=True)
-        for arg, param in spec.path.items():
-            if param == "name":  # the capability the name resolves to, checked
-                checked = await self._check_allowed(str(arguments[arg]))
-                if isinstance(checked, types.CallToolResult):
-                    return checked
-                arguments = {**arguments, arg: checked}
         path, query = _request_of(row, spec, arguments)
         status, body = await self.link.request(row.method, path, query=query)
         if status >= 400 and not (isinstance(body, dict) and "detail" not in body):
@@ -357,33 +358,17 @@ class Bridge:
         return _text(body, is_error=status >= 400)  # a failed reload: its own report
 
     async def _list(self, arguments: dict[str, Any]) -> types.CallToolResult:
-        if self.profile is None:  # the daemon's own page: the same body as `capd list --json`
-            query = {key: str(arguments[key]) for key in ("tag", "state", "cursor", "limit")
-                     if arguments.get(key) not in (None, "")}
-            query.setdefault("limit", str(DEFAULT_PAGE))
-            status, body = await self.link.request("GET", "/capabilities", query=query)
-            return _problem(status, body) if status >= 400 else _text(body, is_error=False)
-        caps = await self._capsules()
-        if arguments.get("tag"):
-            caps = [c for c in caps if arguments["tag"] in c["tags"]]
-        if arguments.get("state"):
-            caps = [c for c in caps if c["state"] == arguments["state"]]
-        try:
-            offset = int(arguments.get("cursor") or 0)
-            limit = int(arguments.get("limit") or DEFAULT_PAGE)
-        except ValueError:
-            return _text("cursor and limit must be whole numbers", is_error=True)
-        page = caps[offset:offset + limit]
-        more = offset + limit < len(caps)
-        return _text({"capabilities": page, "total": len(caps),
-                      "next_cursor": str(offset + limit) if more else None}, is_error=False)
+        """The daemon's own page (only what this bridge's grant holds): the same body as
+        ``capd list --json``."""
+        query = {key: str(arguments[key]) for key in ("tag", "state", "cursor", "limit")
+                 if arguments.get(key) not in (None, "")}
+        query.setdefault("limit", str(DEFAULT_PAGE))
+        status, body = await self.link.request("GET", "/capabilities", query=query)
+        return _problem(status, body) if status >= 400 else _text(body, is_error=False)
 
     async def _invoke(self, name: str, arguments: Any,
                       headers: dict[str, str] | None) -> types.CallToolResult:
-        checked = await self._check_allowed(name)
-        if isinstance(checked, types.CallToolResult):
-            return checked
-        status, body = await self.link.request("POST", f"/call/{quote(checked, safe='')}",
+        status, body = await self.link.request("POST", f"/call/{quote(name, safe='')}",
                                                body=arguments, headers=headers or None)
         if isinstance(body, dict) and "status" in body and "capability" in body:
             failed = body["status"] not in ("success", "partial") and not body.get("queued")

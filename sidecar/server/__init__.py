@@ -6,7 +6,8 @@ through the narrow :class:`Services` protocol (``_services.py``).
 
 from ._config import CapdConfig, LoadedConfig, load_config
 from ._daemon import Daemon, run_daemon
-from ._gateway import Gateway, ToolResult, ToolResultStatus
+from ._gateway import Gateway
+from ._result import ToolResult, ToolResultStatus
 from ._services import Caller, Services
 
 __all__ = [

@@ -26,7 +26,7 @@ from capd.registry import (
     validate_topology,
 )
 
-from .._errors import BadRequest, UnresolvedAgent
+from .._errors import BadRequest, UnknownAgent, UnresolvedAgent
 from .._table import AGENT_FORMATS
 from ._agents import (
     AgentResolution,
@@ -45,12 +45,21 @@ TOML = "application/toml"
 
 def _resolve(ctx: Context, name: str, context: Mapping[str, str],
              agents: Mapping[str, AgentSpec] | None = None) -> AgentResolution:
-    """Resolve ``name`` for this caller; raises UnknownAgent or UnresolvedAgent."""
+    """Resolve ``name`` for this caller; raises UnknownAgent or UnresolvedAgent.
+
+    For a caller whose grant is limited, an agent that resolves (in this context:
+    an injection may add more) to anything outside the grant is unknown to it.
+    """
     d = ctx.services
-    return resolve_agent(
-        name, agents=d.loaded.agents if agents is None else agents,
-        injections=d.loaded.injections, registry=d.registry, context=context,
-        bridge=BridgeLaunch(capd_command(), d.socket_path))
+    known = d.loaded.agents if agents is None else agents
+    resolution = resolve_agent(
+        name, agents=known, injections=d.loaded.injections, registry=d.registry,
+        context=context, bridge=BridgeLaunch(capd_command(), d.socket_path))
+    grant = ctx.caller.grant
+    if grant.restricted and not all(grant.allows(d.registry.get(n))
+                                    for n in resolution.capabilities):
+        raise UnknownAgent(name, [])
+    return resolution
 
 
 def _agents(ctx: Context) -> Mapping[str, AgentSpec]:
@@ -64,9 +73,9 @@ def _agents(ctx: Context) -> Mapping[str, AgentSpec]:
     for name, spec in agents.items():
         try:
             resolution = _resolve(ctx, name, {}, agents)
-        except UnresolvedAgent:
+        except (UnresolvedAgent, UnknownAgent):  # broken, or reaching outside the grant
             continue
-        if all(d.policy.visible(ctx.caller, registry.get(n)) for n in resolution.capabilities):
+        if all(ctx.caller.grant.allows(registry.get(n)) for n in resolution.capabilities):
             seen[name] = spec
     return seen
 

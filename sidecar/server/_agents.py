@@ -6,10 +6,13 @@ injection whose ``when`` matches the execution context adds its own. The answer
 names the servers to launch:
 
 - ``capd-NAME``: the capd bridge (``capd mcp --allow a,b,c``), restricted to
-  exactly the resolved capabilities;
-- one server per upstream MCP tool declared with ``direct = true`` that a
-  resolved capability requires: the agent's runtime reaches it itself, with the
-  tool's ``command`` (and ``env``) or ``url``.
+  exactly the resolved capabilities. That is the only server: an upstream MCP
+  tool declared ``direct = true`` is never handed out raw (its command would
+  reach every tool of that server, the ones the operator excluded and the ones
+  the agent never declared). When a resolved capability needs one, the bridge
+  is launched with ``--expose direct``, so each such capability is a tool of its
+  own, still behind capd's grant, policy and retry queue; ``direct`` says which
+  upstreams are served that way.
 
 Fail closed: an entry that selects nothing — an exact name that is not declared,
 a glob or a tag that matches no capability — makes the whole resolution fail
@@ -172,34 +175,34 @@ def resolve_agent(
                    | {n for i in injected for n in i.capabilities})
     disabled: dict[str, tuple[str, ...]] = {}
     direct: dict[str, list[str]] = {}
-    upstreams: dict[str, dict[str, Any]] = {}
     for cap_name in names:
         entry = registry.disabled_entry(cap_name)
         if entry is not None:
             disabled[cap_name] = entry.missing
         for tool in registry.get(cap_name).requires:
-            server = direct_server(registry.tool_spec(tool)) if registry.has_tool(tool) else None
-            if server is not None:
-                upstreams[tool] = server
+            if registry.has_tool(tool) and direct_server(registry.tool_spec(tool)) is not None:
                 direct.setdefault(tool, []).append(cap_name)
-    servers = {f"{BRIDGE_PREFIX}{name}": bridge_server(bridge, names),
-               **dict(sorted(upstreams.items()))}
+    servers = {f"{BRIDGE_PREFIX}{name}": bridge_server(bridge, names, expose_direct=bool(direct))}
     return AgentResolution(
         agent=name, description=spec.description, context=dict(context), expansion=expansion,
         injected=tuple(injected), capabilities=tuple(names), disabled=disabled,
         direct={tool: tuple(caps) for tool, caps in sorted(direct.items())}, servers=servers)
 
 
-def bridge_server(bridge: BridgeLaunch, capabilities: Sequence[str]) -> dict[str, Any]:
-    """The capd bridge, as an MCP client launches it, offering exactly ``capabilities``."""
-    return {"command": bridge.command,
-            "args": ["mcp", "--socket", str(bridge.socket_path),
-                     "--allow", ",".join(capabilities)]}
+def bridge_server(bridge: BridgeLaunch, capabilities: Sequence[str], *,
+                  expose_direct: bool = False) -> dict[str, Any]:
+    """The capd bridge, as an MCP client launches it, offering exactly ``capabilities``
+    (each also as a tool of its own with ``expose_direct``)."""
+    args = ["mcp", "--socket", str(bridge.socket_path), "--allow", ",".join(capabilities)]
+    if expose_direct:
+        args += ["--expose", "direct"]
+    return {"command": bridge.command, "args": args}
 
 
 def direct_server(spec: object) -> dict[str, Any] | None:
-    """The server config an agent's runtime needs to reach a tool itself; None when capd
-    mediates it (every tool but an ``mcp`` one declared ``direct = true``).
+    """The server config that would reach a ``direct = true`` upstream itself; None for
+    any other tool. Resolution only uses it to tell such upstreams apart: it never
+    hands the config to an agent (see the module docstring).
 
     A stdio server is ``command`` (the program) and ``args``, with ``env`` when the
     tool declares one; an HTTP server is ``type = "http"`` and its ``url``.

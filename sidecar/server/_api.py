@@ -15,8 +15,6 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import socket
-import struct
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -46,11 +44,12 @@ from .._errors import (
     UnresolvedAgent,
 )
 from .._table import COMMANDS, OperatorCommand
+from ._authority import GRANT_HEADER, GrantRefused, PeerRefused, peer_credentials
 from ._consent import UnknownGrant
 from ._handlers import HANDLERS
 from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
-from ._peers import PeerPolicy, RateLimiter
+from ._peers import RateLimiter
 from ._services import Caller, Context, Reply, Services
 
 log = structlog.get_logger("capd.api")
@@ -58,19 +57,17 @@ log = structlog.get_logger("capd.api")
 _SESSION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-def with_session(caller: Caller, session: str) -> Caller:
-    """``caller`` in agent session ``session`` (the ``Capd-Session`` header).
+def session_of(caller: Caller, session: str) -> str:
+    """The qualified name of agent session ``session`` (the ``Capd-Session`` header).
 
     A session belongs to its uid: another uid sending the same name gets a session of
     its own (its loop counts, its grants), so the session is ``<uid>:<name>``.
     """
     if not _SESSION.match(session):
         raise BadRequest("Capd-Session must be 1-64 letters, digits, '.', '_' or '-'")
-    qualified = f"{caller.uid}:{session}" if caller.uid is not None else session
-    return Caller(caller.pid, caller.uid, caller.gid, qualified)
+    return f"{caller.uid}:{session}" if caller.uid is not None else session
 
 PROBLEM_JSON = "application/problem+json"
-_CRED = struct.Struct("3i")
 
 
 def problem(status: int, title: str, detail: str, **extra: Any) -> HttpResponse:
@@ -104,15 +101,6 @@ class RequestIds:
     def next(self) -> str:
         """A fresh request id."""
         return f"{self._prefix}-{next(self._counter):x}"
-
-
-def peer_credentials(sock: Any) -> Caller:
-    """SO_PEERCRED of a connection's socket (empty when it is not a Unix socket)."""
-    if sock is None or sock.family != socket.AF_UNIX:
-        return Caller()
-    pid, uid, gid = _CRED.unpack(
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-    return Caller(pid=pid, uid=uid, gid=gid)
 
 
 def _to_response(reply: Reply, request_id: str) -> HttpResponse:
@@ -248,17 +236,16 @@ class Router:
         return None, {}, sorted(allowed)
 
 
+_IN_PROCESS = Caller()
+
+
 class Api:
     """The socket API: one handler for every request, routed by the operator table."""
 
     def __init__(self, services: Services, *, max_body_bytes: int,
-                 peers: PeerPolicy | None = None, limiter: RateLimiter | None = None,
-                 operators: PeerPolicy | None = None) -> None:
+                 limiter: RateLimiter | None = None) -> None:
         self._services = services
         self.max_body_bytes = max_body_bytes
-        self._peers = peers or PeerPolicy()
-        # root, the daemon's uid and operator_uids: who may use the operator-only rows
-        self._operators = operators or PeerPolicy()
         self._limiter = limiter or RateLimiter(0, 1)
         self._ids = RequestIds()
         self.router = Router(COMMANDS)
@@ -293,20 +280,38 @@ class Api:
                                f"{request.method} {request.path}: use {', '.join(allowed)}")
             return problem(404, "Not Found",
                            f"{request.method} {request.path}: no such route; see GET /status")
-        caller: Caller = request.peer or Caller()
-        if not self._peers.allows(caller):
-            log.warning("peer_denied", uid=caller.uid, gid=caller.gid, pid=caller.pid,
+        peer: Caller = request.peer or _IN_PROCESS
+        # Who the peer is, under the configuration serving now (a reload re-decides).
+        authority = self._services.policy.authority
+        try:
+            grant = authority.grant_for(peer)
+            narrowing = headers.get(GRANT_HEADER)
+            if narrowing is not None:
+                grant = authority.narrow(grant, narrowing)
+        except PeerRefused as exc:
+            log.warning("peer_denied", uid=peer.uid, gid=peer.gid, pid=peer.pid,
                         path=request.path)
-            return problem(403, "Forbidden", "this uid may not use the capd socket; ask the "
-                           "operator to add it to allow_uids or allow_gids")
-        if row.operator_only is not None and (
-                caller.uid is not None and (not self._operators.allows(caller)
-                                            or self._services.policy.bound(caller))):
-            log.warning("operator_only_denied", uid=caller.uid, pid=caller.pid,
-                        command=row.id)
+            return problem(403, "Forbidden", str(exc))
+        except GrantRefused as exc:
+            return problem(403, "Forbidden", str(exc))
+        except BadRequest as exc:
+            return problem(400, "Bad Request", str(exc))
+        if grant.role not in row.roles:
+            log.warning("operator_only_denied", uid=peer.uid, pid=peer.pid, command=row.id,
+                        grant=grant.describe())
             return problem(403, "Forbidden", (
-                f"{' '.join(row.cli)} is for operators only ({row.operator_only}); run it as "
-                "root or the daemon's user, or add the uid to operator_uids in capd.toml"))
+                f"{' '.join(row.cli)} is for operators only"
+                f"{f' ({row.operator_only})' if row.operator_only else ''}; this caller is "
+                f"an agent ({grant.describe()}). Run it as root or the daemon's user, or add "
+                "the uid to operator_uids in capd.toml"))
+        session = headers.get("capd-session")
+        caller = peer
+        if session or grant is not peer.grant:
+            try:
+                qualified = session_of(peer, session) if session else None
+            except BadRequest as exc:
+                return problem(400, "Bad Request", str(exc))
+            caller = Caller(peer.pid, peer.uid, peer.gid, qualified, peer.groups, grant)
         if row.id == "call":
             wait_s = self._limiter.take(caller)
             if wait_s is not None:
@@ -322,9 +327,6 @@ class Api:
                 body = parse_body(request.body)
             query = (dict(parse_qsl(request.query_string, keep_blank_values=True))
                      if request.query_string else {})
-            session = headers.get("capd-session")
-            if session:
-                caller = with_session(caller, session)
             ctx = Context(services=self._services, path=path_params, query=query, body=body,
                           caller=caller, request_id=request_id,
                           idempotency_key=headers.get("idempotency-key"), headers=headers)

@@ -70,7 +70,10 @@ class LoopsConfig(BaseModel):
     window_s: float = Field(60.0, gt=0, description="How far back calls count.")
     per_minute_warn: int = Field(60, ge=1, description="Calls to one capability a minute.")
     per_minute_block: int = Field(120, ge=1, description="... and the limit.")
-    anonymous: bool = Field(False, description="Also check callers that send no session.")
+    anonymous: bool = Field(False, description="Also check in-process callers that send "
+                            "no session (a socket peer without one is counted by uid and pid).")
+    require_session: bool = Field(False, description="Refuse a call that sends no "
+                                  "Capd-Session header (error_blocked session_required).")
 
     @model_validator(mode="after")
     def _ordered(self) -> LoopsConfig:
@@ -123,18 +126,22 @@ class ProfileConfig(BaseModel):
 
 
 class PeerConfig(BaseModel):
-    """``[[peers]]``: callers bound to a profile, by uid or gid."""
+    """``[[peers]]``: callers (by uid or gid) bound to a profile and/or a channel."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    profile: str
+    profile: str | None = None
     uid: int | None = None
     gid: int | None = None
+    channel: str | None = Field(None, min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _names_someone(self) -> PeerConfig:
         if self.uid is None and self.gid is None:
             raise ValueError("a [[peers]] entry names a uid or a gid")
+        if self.profile is None and self.channel is None:
+            raise ValueError("a [[peers]] entry binds its callers to a profile, a channel "
+                             "or both")
         return self
 
 
@@ -176,7 +183,7 @@ class CapdConfig(BaseSettings):
     allow_gids: list[int] = Field(default_factory=list, description="Peer groups allowed.")
     operator_uids: list[int] = Field(
         default_factory=list, description="Uids besides root and the daemon's own that may use "
-        "the operator-only commands (consent, sessions).")
+        "the operator rows (queue, reload, status, metrics, consent, sessions...).")
     call_rate_per_s: float = Field(5000.0, ge=0, description="Per-peer /call rate; 0 = off.")
     call_burst: int = Field(10000, ge=1)
     request_timeout_s: float = Field(
@@ -211,7 +218,7 @@ class CapdConfig(BaseSettings):
     @model_validator(mode="after")
     def _peers_name_profiles(self) -> CapdConfig:
         for peer in self.peers:
-            if peer.profile not in self.profiles:
+            if peer.profile is not None and peer.profile not in self.profiles:
                 known = ", ".join(sorted(self.profiles)) or "none declared"
                 raise ValueError(f"[[peers]] binds to profile {peer.profile!r}, which is not "
                                  f"declared under [profiles] (profiles: {known})")

@@ -37,14 +37,16 @@ if TYPE_CHECKING:
 from .._errors import SearchUnavailable
 from .._paths import capd_version, default_socket_path
 from ._api import Api
+from ._authority import Authority, PeerBinding
 from ._config import LoadedConfig, load_config
 from ._consent import ConsentStore
 from ._gateway import Gateway
+from ._grant import Profile
 from ._http import HttpServer
 from ._loops import LoopDetector, LoopPolicy
 from ._metrics import Metrics
-from ._peers import PeerPolicy, RateLimiter
-from ._policy import NamedHook, PeerBinding, Policy, Profile
+from ._peers import RateLimiter
+from ._policy import NamedHook, Policy
 from ._queueing import QueueSink
 from ._reload import Reloader
 from ._socket import bind_unix_socket, remove_socket, socket_inode
@@ -271,10 +273,14 @@ class Daemon:
                 + (f" (did you mean {close[0]!r}?)" if close else "")
                 + f"; {kind}-call hooks: {', '.join(known) or 'none'}")
 
-        return Policy(
+        authority = Authority(
+            allow_uids=config.allow_uids, allow_gids=config.allow_gids,
+            operator_uids=config.operator_uids,
             profiles={name: Profile(name, tuple(p.capabilities), tuple(p.tags))
                       for name, p in config.profiles.items()},
-            bindings=[PeerBinding(p.profile, p.uid, p.gid) for p in config.peers],
+            bindings=[PeerBinding(p.profile, p.uid, p.gid, p.channel) for p in config.peers])
+        return Policy(
+            authority=authority,
             consent=self.consent, loops=detector,
             before=[resolve(name, "before") for name in policy.before],
             after=[resolve(name, "after") for name in policy.after],
@@ -394,9 +400,7 @@ class Daemon:
         # Phase 4: serve.
         api = Api(
             self, max_body_bytes=config.max_body_bytes,
-            peers=PeerPolicy(config.allow_uids, config.allow_gids),
             limiter=RateLimiter(config.call_rate_per_s, config.call_burst),
-            operators=PeerPolicy(config.operator_uids),
         )
         # Keep descriptors in reserve for the queue, probes and subprocesses: when the
         # limit cannot be raised far enough, fewer connections are admitted instead.

@@ -14,7 +14,7 @@ from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
 from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability
 
 from .._errors import BadRequest, ExportConflict, InvalidTimeout, UnknownProfile
-from .._table import PROVIDER_FORMATS
+from .._table import PROVIDER_FORMATS, command
 from .._views import (
     capsule,
     disabled_reason,
@@ -31,6 +31,8 @@ from ._agent_handlers import (
     topology_show,
     topology_validate,
 )
+from ._authority import actor
+from ._grant import resolve
 from ._json import Unencodable, dumps
 from ._services import ConsentBook, Context, Reply, Services
 
@@ -72,14 +74,7 @@ def _call_timeout(ctx: Context) -> float | None:
     try:
         return float(raw)
     except ValueError:
-        registry = ctx.services.registry
-        try:
-            cap = registry.get(ctx.path["name"])
-        except UnknownCapability as exc:  # suggestions only from what the caller may see
-            raise UnknownCapability(ctx.path["name"], [
-                s for s in exc.suggestions if _visible(ctx)(registry.get(s))]) from exc
-        if not _visible(ctx)(cap):
-            raise UnknownCapability(ctx.path["name"], []) from None
+        cap = resolve(ctx.services.registry, ctx.path["name"], ctx.caller.grant)
         raise InvalidTimeout(cap.name, raw, cap.timeout_s) from None
 
 
@@ -90,7 +85,10 @@ async def health(ctx: Context) -> Reply:
     checks: dict[str, list[dict[str, Any]]] = {}
     status = "pass"
     notes: list[str] = []
-    for name, entry in sorted(snap.disabled.items()):
+    grant = ctx.caller.grant
+    disabled = ({n: e for n, e in snap.disabled.items() if grant.allows(e.capability)}
+                if grant.restricted else snap.disabled)
+    for name, entry in sorted(disabled.items()):
         view = disabled_view(entry, snap)
         probed = [t for t in view["last_probed"].values() if t is not None]
         checks[f"capability:{name}"] = [{
@@ -101,10 +99,10 @@ async def health(ctx: Context) -> Reply:
             "output": disabled_reason(view),
             "time": iso(max(probed)) if probed else None,
         }]
-    if snap.disabled:
+    if disabled:
         status = "warn"
-        notes.append(f"{len(snap.disabled)} capability(ies) disabled")
-    if snap.errors:
+        notes.append(f"{len(disabled)} capability(ies) disabled")
+    if snap.errors and not grant.restricted:
         status = "warn"
         notes.append(f"{len(snap.errors)} declaration error(s)")
         checks["declarations:errors"] = [{
@@ -302,9 +300,7 @@ async def search(ctx: Context) -> Reply:
 async def show(ctx: Context) -> Reply:
     """The full manifest of one capability."""
     registry = ctx.services.registry
-    cap = registry.get(ctx.path["name"])
-    if not _visible(ctx)(cap):  # outside the caller's profile: as if it did not exist
-        raise UnknownCapability(ctx.path["name"], [])
+    cap = resolve(registry, ctx.path["name"], ctx.caller.grant)  # hidden: as if unknown
     form = ctx.query.get("format") or None
     if form is not None:
         if form not in PROVIDER_FORMATS:
@@ -425,9 +421,11 @@ def _capability_view(outcome: CapabilityRecheck) -> dict[str, Any]:
 
 
 async def recheck(ctx: Context) -> Reply:
-    """Re-probe a capability's missing tools (cooldown applies unless forced)."""
+    """Re-probe a capability's missing tools (cooldown applies unless forced); an agent
+    only one inside its grant (anything else is unknown to it)."""
+    cap = resolve(ctx.services.registry, ctx.path["name"], ctx.caller.grant)
     outcome = await ctx.services.rechecker.recheck_disabled_capability(
-        ctx.path["name"], force=_flag(ctx, "force")
+        cap.name, force=_flag(ctx, "force")
     )
     return Reply(200, _capability_view(outcome))
 
@@ -442,6 +440,26 @@ async def reload(ctx: Context) -> Reply:
     """Run (or join) a full reload and answer when it is done."""
     outcome = await ctx.services.reloader.reload()
     return Reply(200 if outcome.ok else 500, outcome.model_dump(mode="json"))
+
+
+async def whoami(ctx: Context) -> Reply:
+    """Who the daemon takes the caller for, and what the bridge may offer it."""
+    caller, grant = ctx.caller, ctx.caller.grant
+    narrowing = grant.narrowing
+    offered = [row_id for row_id in ctx.services.operator_tools
+               if grant.role in command(row_id).roles]
+    return Reply(200, {
+        "uid": caller.uid, "gid": caller.gid, "pid": caller.pid,
+        "groups": sorted(caller.groups) if caller.groups is not None else None,
+        "role": grant.role, "bound": grant.bound,
+        "profile": grant.profile.name if grant.profile is not None else None,
+        "narrowed": (None if narrowing is None else {
+            "capabilities": sorted(narrowing.capabilities), "tags": sorted(narrowing.tags),
+            "label": narrowing.label}),
+        "channel": grant.channel, "session": caller.session,
+        "restricted": grant.restricted,
+        "mcp": {"operator_tools": offered},
+    })
 
 
 async def status(ctx: Context) -> Reply:
@@ -535,13 +553,15 @@ async def queue_show(ctx: Context) -> Reply:
 
 
 async def queue_retry(ctx: Context) -> Reply:
-    """Make a parked or dead job due now."""
-    return Reply(200, _job_view(await _queue(ctx).operator_retry(ctx.path["id"])))
+    """Make a parked or dead job due now (the audit trail says who asked)."""
+    job = await _queue(ctx).operator_retry(ctx.path["id"], actor=actor(ctx.caller))
+    return Reply(200, _job_view(job))
 
 
 async def queue_cancel(ctx: Context) -> Reply:
-    """Cancel a job that is not running."""
-    return Reply(200, _job_view(await _queue(ctx).cancel(ctx.path["id"])))
+    """Cancel a job that is not running (the audit trail says who asked)."""
+    return Reply(200, _job_view(await _queue(ctx).cancel(ctx.path["id"],
+                                                         actor=actor(ctx.caller))))
 
 
 async def queue_purge(ctx: Context) -> Reply:
@@ -607,15 +627,15 @@ async def preflight(ctx: Context) -> Reply:
                             "detail": 'each call is {"capability": NAME, "params": {...}}'})
             continue
         try:
-            cap = registry.get(name)
+            cap = resolve(registry, name, ctx.caller.grant)  # hidden: as if unknown
         except UnknownCapability as exc:
-            seen = [s for s in exc.suggestions if policy.visible(ctx.caller, registry.get(s))]
             refused.append({"index": index, "capability": name, "reason": "unknown",
-                            "detail": str(UnknownCapability(name, seen))})
+                            "detail": str(exc)})
             continue
-        if not policy.visible(ctx.caller, cap):  # hidden: as if it did not exist
-            refused.append({"index": index, "capability": name, "reason": "unknown",
-                            "detail": str(UnknownCapability(name, []))})
+        if not ctx.caller.grant.speaks_for(cap):
+            refused.append({"index": index, "capability": cap.name,
+                            "reason": "wrong_channel",
+                            "detail": f"runs only in channel {', '.join(cap.channels)}"})
             continue
         problems = _params_problems(cap, params)
         if problems:
@@ -731,5 +751,6 @@ HANDLERS: dict[str, Handler] = {
     "topology_expand": topology_expand,
     "topology_show": topology_show,
     "topology_validate": topology_validate,
+    "whoami": whoami,
 }
 """Every handler by the name an operator-table row gives (a test checks each row has one)."""

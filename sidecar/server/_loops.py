@@ -2,7 +2,8 @@
 
 An agent stuck in a loop calls the same thing again and again. Three patterns,
 each counted per session (the ``Capd-Session`` header; ``capd mcp`` sends one
-per client connection) within a sliding window:
+per client connection; a caller that sends none is counted by its peer, uid and
+pid, so dropping the header escapes nothing) within a sliding window:
 
 - *repeat*: the same capability with the same parameters;
 - *no progress*: the same capability answering an identical result in a row
@@ -42,7 +43,8 @@ class LoopPolicy:
     window_s: float = 60.0
     per_minute_warn: int = 60
     per_minute_block: int = 120
-    anonymous: bool = False  # loop-check callers that send no session too
+    anonymous: bool = False  # also in-process callers that send no session
+    require_session: bool = False  # refuse a socket peer's call without Capd-Session
     max_sessions: int = 10_000
 
 

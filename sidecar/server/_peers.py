@@ -1,50 +1,12 @@
-"""Who may use the socket: peer credentials against an allowlist, and a per-peer rate limit."""
+"""A per-peer call rate limit (who may use the socket at all is ``_authority.py``'s)."""
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ._services import Caller
-
-
-def supplementary_groups(pid: int) -> frozenset[int]:
-    """The peer process's supplementary groups from /proc (empty when unreadable)."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Groups:"):
-                    return frozenset(int(g) for g in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return frozenset()
-
-
-class PeerPolicy:
-    """The daemon's own uid and root by default, plus configured uids and groups.
-
-    Root is always let in: it can read the socket whatever its mode, and could
-    act as the daemon's user anyway; refusing it only gets in an operator's way.
-    """
-
-    def __init__(self, uids: Iterable[int] = (), gids: Iterable[int] = (),
-                 *, own_uid: int | None = None) -> None:
-        self.uids = frozenset({0, os.geteuid() if own_uid is None else own_uid, *uids})
-        self.gids = frozenset(gids)
-
-    def allows(self, caller: Caller) -> bool:
-        """Whether ``caller`` may talk to the daemon at all."""
-        if caller.uid is None:  # not a Unix-socket peer (tests with an in-process client)
-            return True
-        if caller.uid in self.uids:
-            return True
-        if not self.gids:
-            return False
-        if caller.gid in self.gids:
-            return True
-        return caller.pid is not None and bool(self.gids & supplementary_groups(caller.pid))
 
 
 @dataclass

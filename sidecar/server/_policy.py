@@ -1,9 +1,9 @@
 """The policy layer: what the daemon itself refuses, warns about or lets through.
 
-One pipeline wraps every dispatch, in this order:
+One chain of steps wraps every dispatch (``_steps.py``), in this order:
 
-    profile → consent → loop detector → before-hooks → call
-            → error router (alternatives, auto-fallback) → after-hooks
+    authorize → channel → consent → loop detector → before-hooks
+              → error routing (auto-fallback) → invoke; then after-hooks
 
 Each step may answer ``error_blocked`` with its reason. Every decision that is
 not a plain "allow" is logged as a ``policy`` event with its reason, and every
@@ -11,7 +11,9 @@ decision is counted for ``capd_policy_decisions_total{kind,decision}``.
 
 A :class:`Policy` is built from capd.toml and the registry (whose plugins mark
 hooks) at start and at every reload, and swapped in with the registry; a call
-finishes on the policy it started with.
+finishes on the policy it started with. It holds the generation's
+:class:`~._authority.Authority` (who a peer is and what it may reach), so a
+reload that revokes a uid takes effect on that uid's next request.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from pydantic import BaseModel
 from capd.recovery import deadline
 from capd.registry import Blocked, Capability
 
+from ._authority import Authority
 from ._consent import ConsentStore
+from ._grant import Profile
 from ._loops import LoopDetector, LoopPolicy
-from ._peers import supplementary_groups
 from ._services import Caller
 
 log = structlog.get_logger("capd.policy")
@@ -59,47 +62,11 @@ class NamedHook:
         return self.pattern == "*" or fnmatch.fnmatchcase(capability, self.pattern)
 
 
-@dataclass(frozen=True, slots=True)
-class Profile:
-    """A named set of capabilities (name globs and tags) a caller may use."""
-
-    name: str
-    capabilities: tuple[str, ...] = ()
-    tags: tuple[str, ...] = ()
-
-    def allows(self, cap: Capability) -> bool:
-        """Whether ``cap`` is inside this profile."""
-        if any(fnmatch.fnmatchcase(cap.name, glob) for glob in self.capabilities):
-            return True
-        return bool(set(self.tags) & set(cap.tags))
-
-
-@dataclass(frozen=True, slots=True)
-class PeerBinding:
-    """Callers (by uid or gid) bound to a profile."""
-
-    profile: str
-    uid: int | None = None
-    gid: int | None = None
-
-    def matches(self, caller: Caller) -> bool:
-        """Whether ``caller`` is one this binding names (a gid: primary or supplementary,
-        the same groups the peer allowlist lets in by)."""
-        if self.uid is not None and caller.uid == self.uid:
-            return True
-        if self.gid is None:
-            return False
-        if caller.gid == self.gid:
-            return True
-        return caller.pid is not None and self.gid in supplementary_groups(caller.pid)
-
-
 @dataclass
 class Policy:
     """Profiles, consent, loop detection and hooks, as one object per registry."""
 
-    profiles: Mapping[str, Profile] = field(default_factory=dict)
-    bindings: Sequence[PeerBinding] = ()
+    authority: Authority = field(default_factory=Authority)
     consent: ConsentStore | None = None
     loops: LoopDetector = field(
         default_factory=lambda: LoopDetector(LoopPolicy(enabled=False)))
@@ -111,48 +78,30 @@ class Policy:
     # capability name -> the hooks that apply, in order (the patterns are fixed per policy)
     _before_for: dict[str, list[NamedHook]] = field(default_factory=dict, repr=False)
     _after_for: dict[str, list[NamedHook]] = field(default_factory=dict, repr=False)
-    # caller -> its profile: one call asks several times (profile step, alternatives,
-    # suggestions), and a gid binding reads /proc each time it is matched
-    _profile_of: dict[Caller, Profile | None] = field(default_factory=dict, repr=False)
 
-    def applies(self, cap: Capability, caller: Caller) -> bool:
-        """Whether the pipeline has anything to do for ``caller``'s call to ``cap``: a
-        binding or a hook, consent the capability declares, a loop check of the caller's
-        session, or the capability's own fallback chain. A call with none skips it."""
-        return bool(self.bindings or self.before or self.after or cap.auto_fallback
-                    or (cap.consent_operations and self.consent is not None)
-                    or self.loops.checks(caller.session))
+    # -- grants ------------------------------------------------------------------------
 
-    # -- profiles ----------------------------------------------------------------------
-
-    def profile_for(self, caller: Caller) -> Profile | None:
-        """The profile ``caller`` is bound to, or None (unrestricted)."""
-        if caller in self._profile_of:
-            return self._profile_of[caller]
-        found = next((self.profiles[b.profile] for b in self.bindings if b.matches(caller)),
-                     None)
-        if len(self._profile_of) >= 4096:  # bounded: callers come and go by pid
-            self._profile_of.clear()
-        self._profile_of[caller] = found
-        return found
+    @property
+    def profiles(self) -> Mapping[str, Profile]:
+        """The declared profiles by name."""
+        return self.authority.profiles
 
     def bound(self, caller: Caller) -> bool:
-        """Whether ``caller`` is bound to a profile (then never an operator)."""
-        return bool(self.bindings) and self.profile_for(caller) is not None
+        """Whether some capability is outside ``caller``'s grant (then it hears of none)."""
+        return caller.grant.restricted
 
     @property
     def profile_names(self) -> list[str]:
         """The declared profiles' names."""
-        return sorted(self.profiles)
+        return sorted(self.authority.profiles)
 
     def in_profile(self, profile: str, cap: Capability) -> bool:
         """Whether the declared profile ``profile`` takes in ``cap`` (KeyError if none)."""
-        return self.profiles[profile].allows(cap)
+        return self.authority.profiles[profile].allows(cap)
 
     def visible(self, caller: Caller, cap: Capability) -> bool:
         """Whether ``caller`` may see and call ``cap``."""
-        profile = self.profile_for(caller) if self.bindings else None
-        return profile is None or profile.allows(cap)
+        return caller.grant.allows(cap)
 
     # -- decisions ---------------------------------------------------------------------
 
@@ -167,7 +116,8 @@ class Policy:
         if decision != "allow":
             log.info("policy", kind=kind, decision=decision, capability=capability,
                      reason=reason, caller_uid=caller.uid, caller_pid=caller.pid,
-                     session=caller.session, request_id=request_id)
+                     grant=caller.grant.describe(), session=caller.session,
+                     request_id=request_id)
 
     # -- hooks -------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from capd.recovery import (
 )
 from capd.registry import Capability, ThreadHandle
 
-from ._gateway import ToolResult
+from ._result import ToolResult
 
 log = structlog.get_logger("capd.queueing")
 

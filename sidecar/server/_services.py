@@ -24,6 +24,8 @@ from capd.recovery import (
 )
 from capd.registry import AgentSpec, Capability, InjectionSpec, Registry, TopologySet
 
+from ._grant import OPERATOR, Grant
+
 if TYPE_CHECKING:
     from capd.registry import SearchIndex
 
@@ -34,16 +36,29 @@ JSON = "application/json"
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who is calling: the peer's credentials, read from the socket, and its session.
+    """Who is calling: the peer's credentials, read from the socket, its session, its grant.
 
-    ``session`` is the ``Capd-Session`` header: an agent session (``capd mcp`` sends
-    one per client connection), the unit of loop detection and session grants.
+    ``groups`` are the supplementary groups the peer connected with (None: they could
+    not be read, and rules that need them fail closed). ``session`` is the
+    ``Capd-Session`` header: an agent session (``capd mcp`` sends one per client
+    connection), the unit of session grants; loop detection counts by
+    :attr:`loop_key`. ``grant`` is what the authority decided for this peer under the
+    serving configuration (``_authority.py``); an in-process caller is an operator.
     """
 
     pid: int | None = None
     uid: int | None = None
     gid: int | None = None
     session: str | None = None
+    groups: frozenset[int] | None = None
+    grant: Grant = OPERATOR
+
+    @property
+    def loop_key(self) -> str | None:
+        """What loop detection counts by: the session, else the peer (uid and pid)."""
+        if self.session is not None:
+            return self.session
+        return None if self.pid is None else f"peer:{self.uid}:{self.pid}"
 
 
 @dataclass
@@ -186,8 +201,22 @@ class LoopBook(Protocol):
     def sessions(self) -> list[dict[str, Any]]: ...
 
 
+class Authorities(Protocol):
+    """Who a peer is under the serving configuration (``_authority.Authority``)."""
+
+    def grant_for(self, peer: Caller) -> Grant:
+        """The peer's grant; raises ``PeerRefused`` when it may not connect."""
+        ...
+    def narrow(self, grant: Grant, header: str) -> Grant:
+        """``grant`` held to a ``Capd-Grant`` header; raises ``BadRequest``/``GrantRefused``."""
+        ...
+
+
 class PolicyView(Protocol):
     """What handlers read of the policy: who sees what, consent, loop counts, decisions."""
+
+    @property
+    def authority(self) -> Authorities: ...
 
     def visible(self, caller: Caller, cap: Capability) -> bool: ...
     @property

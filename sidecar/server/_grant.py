@@ -1,0 +1,155 @@
+"""What a caller may reach: its role, the profile binding it, what it narrowed itself to.
+
+A :class:`Grant` is decided once per peer and configuration generation
+(``_authority.py``) and travels with every request of that peer as part of its
+:class:`~._services.Caller`. Everything that shows, suggests or runs a capability
+asks the grant (:meth:`Grant.allows`), so a call, a fallback, an alternative, a
+pre-flight, a search, a listing and an export all see the same boundary.
+
+- ``role``: ``operator`` may use every operator row; ``agent`` only the rows that
+  admit agents (the table in ``_table.py`` says which).
+- ``profile``: the ``[profiles.NAME]`` a ``[[peers]]`` entry binds the caller to
+  (None: every capability).
+- ``narrowing``: what the caller asked to be held to (``capd mcp --allow``): it can
+  only take away, never add; a narrowed caller is an agent.
+- ``channel``: where the conversation happens (``private``, ``public``...); a
+  capability that declares ``channels`` runs only for a caller speaking from one.
+
+This module imports nothing of the sidecar but the registry's model.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from capd.registry import Capability, Registry, UnknownCapability
+
+Role = Literal["operator", "agent"]
+ROLES: tuple[Role, ...] = ("operator", "agent")
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A named set of capabilities (name globs and tags) a bound caller may use."""
+
+    name: str
+    capabilities: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+    def allows(self, cap: Capability) -> bool:
+        """Whether ``cap`` is inside this profile: a glob matches its name or an alias,
+        or a tag is one of its tags."""
+        names = (cap.name, *cap.aliases)
+        if any(fnmatch.fnmatchcase(name, glob.removeprefix("@"))
+               for glob in self.capabilities for name in names):
+            return True
+        return not set(self.tags).isdisjoint(cap.tags)
+
+
+@dataclass(frozen=True, slots=True)
+class Narrowing:
+    """What a client asked to be held to: exact capability names (or aliases), tags,
+    a channel. No names and no tags means every capability the grant has."""
+
+    capabilities: frozenset[str] = frozenset()
+    tags: frozenset[str] = frozenset()
+    channel: str | None = None
+    label: str = "--allow"  # how refusals name it (the bridge's flag or profile)
+
+    @property
+    def limits(self) -> bool:
+        """Whether it limits the capabilities at all (not only the channel)."""
+        return bool(self.capabilities or self.tags)
+
+    def allows(self, cap: Capability) -> bool:
+        """Whether ``cap`` (by its canonical name, an alias or a tag) is inside it."""
+        if not self.limits:
+            return True
+        return (cap.name in self.capabilities
+                or not self.capabilities.isdisjoint(cap.aliases)
+                or not self.tags.isdisjoint(cap.tags))
+
+
+class WideningRefused(ValueError):
+    """A caller asked for more than its grant (another channel than the one bound)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One caller's boundary. The default is the in-process caller: an operator
+    with every capability."""
+
+    role: Role = "operator"
+    profile: Profile | None = None
+    narrowing: Narrowing | None = None
+    channel: str | None = None
+    bound: bool = False  # a [[peers]] entry named this caller
+
+    @property
+    def restricted(self) -> bool:
+        """Whether some capability is outside this grant."""
+        return self.profile is not None or (self.narrowing is not None
+                                            and self.narrowing.limits)
+
+    def allows(self, cap: Capability) -> bool:
+        """Whether ``cap`` is inside this grant (seen, suggested, called)."""
+        if self.profile is not None and not self.profile.allows(cap):
+            return False
+        return self.narrowing is None or self.narrowing.allows(cap)
+
+    def speaks_for(self, cap: Capability) -> bool:
+        """Whether this grant's channel is one ``cap`` runs for (any, if it names none)."""
+        return not cap.channels or self.channel in cap.channels
+
+    def narrowed(self, narrowing: Narrowing) -> Grant:
+        """This grant held to ``narrowing`` as well: an agent's, never wider.
+
+        Raises :class:`WideningRefused` when ``narrowing`` names another channel than
+        the one this caller is bound to.
+        """
+        channel = self.channel
+        if narrowing.channel is not None:
+            if self.bound and channel is not None and narrowing.channel != channel:
+                raise WideningRefused(
+                    f"this caller is bound to channel {channel!r}; it cannot speak from "
+                    f"{narrowing.channel!r}")
+            channel = narrowing.channel
+        if self.narrowing is not None:  # one narrowing per request: it never stacks
+            raise WideningRefused("this grant is narrowed already")
+        return replace(self, role="agent", narrowing=narrowing, channel=channel)
+
+    def describe(self) -> str:
+        """The grant in a few words, for refusals and the audit trail."""
+        parts: list[str] = [self.role]
+        if self.profile is not None:
+            parts.append(f"profile {self.profile.name}")
+        if self.narrowing is not None and self.narrowing.limits:
+            parts.append(f"narrowed by {self.narrowing.label}")
+        if self.channel is not None:
+            parts.append(f"channel {self.channel}")
+        return ", ".join(parts)
+
+
+OPERATOR = Grant()
+"""The grant of a caller that is not a socket peer (in-process) and of an operator."""
+
+
+def resolve(registry: Registry, name: str, grant: Grant) -> Capability:
+    """The capability ``name`` (or an alias, or ``@alias``) inside ``grant``.
+
+    Raises :class:`UnknownCapability` for a name nothing answers to and, the same
+    way, for one outside the grant: the caller learns nothing of what is hidden,
+    not even its canonical name; suggestions are only what it may see.
+    """
+    try:
+        cap = registry.get(name)
+    except UnknownCapability as exc:
+        if not grant.restricted:
+            raise
+        raise UnknownCapability(name, [
+            s for s in exc.suggestions if grant.allows(registry.get(s))]) from exc
+    if grant.restricted and not grant.allows(cap):
+        raise UnknownCapability(name, [])
+    return cap
