@@ -2,7 +2,7 @@
 
 It knows nothing of sockets, SQLite or the daemon.
 
-Its exceptions, in four trees::
+Its exceptions, in five trees::
 
     CapdError                     root of every error capd raises on purpose (``_errors``)
     └── RegistryError
@@ -24,6 +24,13 @@ Its exceptions, in four trees::
     ├── PermanentToolError        retrying will not help
     └── Blocked                   a policy refused the call
 
+    RegistryError
+    └── NetGuardError             the network guard (``_netguard``) refused or failed:
+        ├── SsrfRefused           also a Blocked: a URL or a redirect hop reaches inside
+        ├── HttpLimitExceeded     also a PermanentToolError: too many redirects, too long a body
+        ├── HttpUnreachable       also a ConnectionError: no connection (a network failure)
+        └── HttpTimeout           also a TimeoutError: no answer within ``timeout_s``
+
     Exception
     └── ProbeFailed               internal (``_probes``): the tool answered, but not as
                                   expected; it never leaves :func:`run_probe`, which
@@ -37,6 +44,7 @@ import failure into a ``PluginError``), the original is kept as its
 ``__cause__``.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._agents import AgentSpec, InjectionSpec, Selection, select_capabilities
@@ -87,6 +95,16 @@ from ._model import (
     estimate_tokens,
     is_valid_name,
 )
+from ._names import ALIAS_MARK, is_valid_alias, is_valid_reference, without_mark
+from ._netguard import (
+    HttpLimitExceeded,
+    HttpTimeout,
+    HttpUnreachable,
+    NetGuard,
+    NetGuardError,
+    SsrfRefused,
+    classify_address,
+)
 from ._ops import CapabilitySpec, OpSpec, OpTable, capability, load_plugins, op
 from ._outcomes import (
     Blocked,
@@ -114,8 +132,10 @@ from ._topology import (
     validate_topology,
 )
 from ._upstream import Upstream, UpstreamError, UpstreamPool
+from ._urls import UrlHost, read_url
 
 __all__ = [
+    "ALIAS_MARK",
     "SAFETY_LEVELS",
     "AgentSpec",
     "Blocked",
@@ -133,15 +153,22 @@ __all__ = [
     "ErrorRoute",
     "FileContainsEffect",
     "FileExistsEffect",
+    "GuardedHttp",
+    "GuardedResponse",
     "Hit",
     "HookSpec",
     "HostRequirements",
     "HttpEffect",
+    "HttpLimitExceeded",
     "HttpProbe",
+    "HttpTimeout",
+    "HttpUnreachable",
     "InjectionSpec",
     "InvalidTopology",
     "LatencyClass",
     "McpProbe",
+    "NetGuard",
+    "NetGuardError",
     "OpEffect",
     "OpSpec",
     "OpTable",
@@ -162,6 +189,7 @@ __all__ = [
     "Safety",
     "SearchIndex",
     "Selection",
+    "SsrfRefused",
     "TcpProbe",
     "TemplateError",
     "ThreadHandle",
@@ -181,14 +209,19 @@ __all__ = [
     "Upstream",
     "UpstreamError",
     "UpstreamPool",
+    "UrlHost",
     "after_call",
     "before_call",
     "build",
     "capability",
+    "classify_address",
     "describe_validation_error",
     "estimate_tokens",
     "expand_topology",
+    "guarded_fetch",
+    "is_valid_alias",
     "is_valid_name",
+    "is_valid_reference",
     "load_declarations",
     "load_plugins",
     "load_topologies",
@@ -199,6 +232,7 @@ __all__ = [
     "parse_tool",
     "placeholders",
     "probe_all",
+    "read_url",
     "render",
     "render_vars",
     "run_probe",
@@ -206,23 +240,25 @@ __all__ = [
     "success_boost",
     "tokenize",
     "validate_topology",
+    "without_mark",
 ]
 
 
-# The search stack (numpy, the tokenizer, the embedding model) is imported when a search
-# name is first used, not with the package: `capd call` and the other client commands do
-# not pay for it.
-_LAZY = {"Hit", "SearchIndex", "success_boost", "tokenize"}
+# The search stack (numpy, the tokenizer, the embedding model) and the guarded HTTP client
+# (aiohttp) are imported when one of their names is first used, not with the package:
+# `capd call`, the other client commands and the daemon's start do not pay for them.
+_LAZY = {"Hit": "_search", "SearchIndex": "_search", "success_boost": "_search",
+         "tokenize": "_search", "GuardedHttp": "_guarded_http",
+         "GuardedResponse": "_guarded_http", "guarded_fetch": "_guarded_http"}
 
 if TYPE_CHECKING:
+    from ._guarded_http import GuardedHttp, GuardedResponse, guarded_fetch
     from ._search import Hit, SearchIndex, success_boost, tokenize
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from . import _search
-
-        value = getattr(_search, name)
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -338,6 +338,12 @@ def test_allow_restricts_the_bridge_to_exactly_the_names() -> None:
     assert not profile.allows("notes.append", ["notes"])
 
 
+def test_allow_takes_seed_aliases_and_at_names() -> None:
+    """`--allow security-auditor,@code_review` names aliases as seed packs write them."""
+    profile = allow_profile("security-auditor, @code_review")
+    assert profile.capabilities == {"security-auditor", "code_review"}
+
+
 @pytest.mark.parametrize("text", ["", " , ", "notes.*", "tag:notes"])
 def test_allow_takes_names_only(text: str) -> None:
     """Globs and tags belong to `capd agent resolve`; the bridge takes names."""

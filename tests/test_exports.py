@@ -20,7 +20,8 @@ REGISTRY = {
     "ProbeResult", "PythonProbe", "McpProbe", "Upstream", "UpstreamError", "UpstreamPool",
     "Registry", "RegistryError", "RegistrySnapshot", "RetryPolicy", "SAFETY_LEVELS", "Safety",
     "TcpProbe", "TemplateError", "ToolSpec", "UnixProbe", "UnknownCapability", "build",
-    "capability", "is_valid_name", "load_declarations", "load_plugins", "op",
+    "capability", "is_valid_name", "ALIAS_MARK", "is_valid_alias", "is_valid_reference",
+    "without_mark", "load_declarations", "load_plugins", "op",
     "parameters_schema", "placeholders", "probe_all", "render", "run_probe",
     "Blocked", "Partial", "PermanentToolError", "ToolError", "ToolUnavailable",
     "TransientToolError", "Hit", "HostRequirements", "SearchIndex", "estimate_tokens",
@@ -30,6 +31,9 @@ REGISTRY = {
     "Topology", "TopologyExpansion", "TopologyGroup", "TopologyPhase", "TopologyRole",
     "TopologySet", "InvalidTopology", "UnknownTopology", "expand_topology", "load_topologies",
     "parse_count_overrides", "validate_topology",
+    "GuardedHttp", "GuardedResponse", "guarded_fetch", "NetGuard", "NetGuardError",
+    "SsrfRefused", "HttpLimitExceeded", "HttpUnreachable", "HttpTimeout", "UrlHost",
+    "classify_address", "read_url",
 }
 
 

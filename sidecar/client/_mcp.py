@@ -36,7 +36,7 @@ import anyio
 import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
 
-from capd.registry import ConfigError, is_valid_name
+from capd.registry import ConfigError, is_valid_reference, without_mark
 
 from .._errors import DaemonDown
 from .._paths import capd_version
@@ -87,7 +87,8 @@ def load_profile(path: Path) -> Profile:
     caps, tags = data.get("capabilities", []), data.get("tags", [])
     if not isinstance(caps, list) or not isinstance(tags, list) or not (caps or tags):
         raise ConfigError(f"profile {path}: list capabilities = [...] and/or tags = [...]")
-    return Profile(str(data.get("name", path.stem)), frozenset(map(str, caps)),
+    return Profile(str(data.get("name", path.stem)),
+                   frozenset(without_mark(str(c)) for c in caps),
                    frozenset(map(str, tags)))
 
 
@@ -103,11 +104,11 @@ def allow_profile(text: str) -> Profile:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError("name at least one capability")
-    bad = [n for n in names if not is_valid_name(n)]
+    bad = [n for n in names if not is_valid_reference(n)]
     if bad:
-        raise ValueError(f"{', '.join(repr(b) for b in bad)}: not a capability name "
+        raise ValueError(f"{', '.join(repr(b) for b in bad)}: not a capability name or alias "
                          "(globs and tags are not taken here; capd agent resolve expands them)")
-    return Profile(ALLOW_PROFILE, frozenset(names))
+    return Profile(ALLOW_PROFILE, frozenset(without_mark(n) for n in names))
 
 
 def grant_header(profile: Profile | None, channel: str | None) -> str | None:

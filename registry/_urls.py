@@ -1,0 +1,218 @@
+"""Read the host of an absolute URL the way the strictest parser in the chain would.
+
+The SSRF guard and the guarded HTTP client must judge the host an op's HTTP
+library will connect to, not the host one lenient parser sees. So the reading
+follows the WHATWG URL standard where parsers disagree, and refuses (raises)
+where they disagree beyond repair:
+
+- leading and trailing spaces and controls are dropped, tabs and newlines
+  anywhere are removed (``ht\\ttp://`` is ``http://``), the scheme is case-blind;
+- for the special schemes (``http``, ``https``, ``ws``, ``wss``, ``ftp``) any
+  run of ``/`` and ``\\`` after the colon leads to the host (``http:/x``,
+  ``http:\\\\x`` and ``http:///x`` all name host ``x``); any other scheme needs
+  ``//`` and a non-empty host (``gopher://``, ``redis://``, ``s3://``...);
+- the host is what follows the *last* ``@`` of the authority (so
+  ``http://example.com@127.0.0.1/`` names 127.0.0.1), percent-decoded, mapped
+  through IDNA (full-width letters and dots included), lower-cased, without its
+  trailing dots;
+- a host ending in a number is an IPv4 address in any form resolvers accept:
+  ``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1`` are all 127.0.0.1;
+- ``[...]`` is an IPv6 literal (a zone ``%25eth0`` is dropped);
+- a backslash or a control character inside the authority, a percent-encoded
+  delimiter in the host, an IPv4 form no parser accepts, a bad port: the URL is
+  unreadable, and :func:`read_url` raises :class:`UnreadableUrl`.
+
+``file:`` URLs are read too (with an empty host for ``file:///...``): they name
+this host's own files, which the guard refuses whatever their host.
+Text that is not an absolute URL with a host (``mailto:x@y``, ``urn:...``,
+``localhost:8080``, prose) reads as ``None``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: Schemes whose host the WHATWG parser finds after any run of slashes.
+SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp"})
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
+_EDGES = "".join(chr(c) for c in range(0x21))  # C0 controls and space, stripped at both ends
+_TABS_AND_NEWLINES = str.maketrans("", "", "\t\n\r")
+_AUTHORITY_END = re.compile(r"[/?#\s]")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f]")
+# Code points no domain may hold (WHATWG "forbidden domain code point"), after decoding.
+_FORBIDDEN_IN_HOST = re.compile(r"[\x00-\x20\x7f#%/:<>?@\[\\\]^|]")
+
+
+class UnreadableUrl(ValueError):
+    """The text is shaped like a URL, but its host cannot be read as every parser would."""
+
+
+@dataclass(frozen=True)
+class UrlHost:
+    """Where an absolute URL points: its scheme and its host, read as described above.
+
+    ``host`` is canonical: lower-case ASCII (IDNA), no trailing dot, no brackets,
+    an IP address in its usual form; ``address`` is set when the host is an IP
+    literal in any spelling. ``written`` is the host as the URL spells it (for
+    messages); ``port`` is the explicit port, if any.
+    """
+
+    url: str
+    scheme: str
+    host: str
+    written: str
+    address: Address | None = None
+    port: int | None = None
+
+    @property
+    def shown(self) -> str:
+        """The host for a message: as written, and what it means when that differs."""
+        if self.address is not None and self.address.version == 4 and (
+                self.written.lower() != self.host):
+            return f"{self.written} (that is {self.host})"
+        return self.host
+
+
+def read_url(text: str) -> UrlHost | None:
+    """The scheme and host ``text`` points at, or ``None`` when it is not an absolute URL
+    with a host (see the module docstring for what counts).
+
+    Raises :class:`UnreadableUrl` (a ``ValueError``) when ``text`` is URL-shaped but its
+    host cannot be read unambiguously; the message says why.
+    """
+    if ":" not in text:  # the common case, a long text without a URL, costs one scan
+        return None
+    cleaned = text.strip(_EDGES).translate(_TABS_AND_NEWLINES)
+    found = _SCHEME.match(cleaned)
+    if found is None:
+        return None
+    scheme = found.group(1).lower()
+    rest = cleaned[found.end():]
+    if scheme == "file":
+        if not rest or rest[0].isspace():
+            return None
+        authority = _authority(rest[2:]) if rest.startswith("//") else ""
+        return UrlHost(url=text, scheme=scheme, host=authority.rpartition("@")[2].lower(),
+                       written=authority)
+    if scheme in SPECIAL_SCHEMES:
+        after = rest.lstrip("/\\")
+        if rest[: len(rest) - len(after)] != "//" and (not after or after[0].isspace()):
+            return None  # "http: the protocol": prose, not a URL
+    elif rest.startswith("//"):
+        after = rest[2:]
+    else:
+        return None
+    authority = _authority(after)
+    if not authority and scheme not in SPECIAL_SCHEMES:
+        return None  # gopher:///x has no host
+    if "\\" in authority or _CONTROLS.search(authority):
+        raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "
+                            "part, which URL parsers read differently")
+    return _read_authority(text, scheme, authority)
+
+
+def _authority(after_slashes: str) -> str:
+    end = _AUTHORITY_END.search(after_slashes)
+    return after_slashes if end is None else after_slashes[: end.start()]
+
+
+def _read_authority(text: str, scheme: str, authority: str) -> UrlHost:
+    hostport = authority.rpartition("@")[2]
+    if hostport.startswith("["):
+        close = hostport.find("]")
+        if close < 0:
+            raise UnreadableUrl(f"{text!r} opens an IPv6 literal '[' that it never closes")
+        written, tail = hostport[: close + 1], hostport[close + 1:]
+        if tail and not tail.startswith(":"):
+            raise UnreadableUrl(f"{text!r} has {tail!r} after its IPv6 literal")
+        try:
+            address: Address = ipaddress.IPv6Address(written[1:-1].split("%", 1)[0])
+        except ValueError as exc:
+            raise UnreadableUrl(f"{text!r}: {written} is not an IPv6 address") from exc
+        port = _port(text, tail[1:])
+        return UrlHost(url=text, scheme=scheme, host=str(address), written=written,
+                       address=address, port=port)
+    written, _, port_text = hostport.partition(":")  # a host holds no colon: the first one ends it
+    port = _port(text, port_text)
+    if not written:
+        raise UnreadableUrl(f"{text!r} names no host")
+    host = _domain_to_ascii(text, written)
+    labels = host.split(".")
+    if len(labels) > 1 and labels[-1] == "":
+        labels.pop()
+    if _ends_in_a_number(labels[-1]):
+        parsed = _ipv4(labels)
+        if parsed is None:
+            raise UnreadableUrl(f"{text!r}: {written!r} ends in a number but is not an IPv4 "
+                                "address any parser accepts")
+        return UrlHost(url=text, scheme=scheme, host=str(parsed), written=written,
+                       address=parsed, port=port)
+    host = host.rstrip(".")
+    if not host:
+        raise UnreadableUrl(f"{text!r} names no host")
+    return UrlHost(url=text, scheme=scheme, host=host, written=written, port=port)
+
+
+def _port(text: str, port_text: str) -> int | None:
+    if not port_text:
+        return None
+    if not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
+        raise UnreadableUrl(f"{text!r} has the port {port_text!r}, which is not a port number")
+    return int(port_text)
+
+
+def _domain_to_ascii(text: str, written: str) -> str:
+    """Percent-decode, then IDNA-map (NFKC, case folding, full-width dots) and lower-case."""
+    try:
+        host = unquote_to_bytes(written).decode("utf-8")
+        if not host.isascii():
+            host = host.encode("idna").decode("ascii")
+    except UnicodeError as exc:
+        raise UnreadableUrl(f"{text!r}: the host {written!r} is not a valid international "
+                            f"domain name ({exc})") from exc
+    host = host.lower()
+    if _FORBIDDEN_IN_HOST.search(host):
+        raise UnreadableUrl(f"{text!r}: the host {written!r} holds a character no host name "
+                            "may hold (an encoded delimiter, a space or a control)")
+    return host
+
+
+def _ipv4_number(part: str) -> int | None:
+    """One part of a numeric IPv4 host: decimal, ``0``-prefixed octal or ``0x`` hex."""
+    digits, radix = part, 10
+    if part[:2] in ("0x", "0X"):
+        digits, radix = part[2:], 16
+    elif len(part) > 1 and part[0] == "0":
+        digits, radix = part[1:], 8
+    if not digits:
+        return 0
+    allowed = "0123456789abcdefABCDEF"[: radix + (6 if radix == 16 else 0)]
+    if not all(c in allowed for c in digits):
+        return None
+    return int(digits, radix)
+
+
+def _ends_in_a_number(label: str) -> bool:
+    if label and label.isascii() and label.isdigit():
+        return True
+    return bool(label) and _ipv4_number(label) is not None
+
+
+def _ipv4(labels: list[str]) -> ipaddress.IPv4Address | None:
+    """The WHATWG IPv4 parser (inet_aton's forms): up to four parts, the last fills the rest."""
+    if len(labels) > 4 or "" in labels:
+        return None
+    numbers = [_ipv4_number(part) for part in labels]
+    if any(n is None for n in numbers):
+        return None
+    values = [n for n in numbers if n is not None]
+    if any(n > 255 for n in values[:-1]) or values[-1] >= 256 ** (5 - len(values)):
+        return None
+    value = values[-1] + sum(n * 256 ** (3 - i) for i, n in enumerate(values[:-1]))
+    return ipaddress.IPv4Address(value)
