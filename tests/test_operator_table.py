@@ -86,3 +86,30 @@ def test_the_router_answers_the_same_with_and_without_its_call_shortcut() -> Non
     assert router.match("POST", "/call/a/b") == (None, {}, [])
     assert router.match("POST", "/queue/j1/retry")[1] == {"id": "j1"}
     assert router.match("GET", "/queue/stats")[0] == command("queue-stats")
+
+
+def test_every_row_declares_who_may_use_it() -> None:
+    """Each row admits operators and maybe agents, nothing else; an operator-only reason
+    means operators alone; a row an agent's bridge offers always admits agents."""
+    from capd.sidecar._table import COMMANDS
+
+    for row in COMMANDS:
+        assert row.roles, row.id
+        assert "operator" in row.roles, row.id
+        assert set(row.roles) <= {"operator", "agent"}, row.id
+        if row.operator_only is not None:
+            assert row.roles == ("operator",), row.id
+        if row.mcp is not None:
+            assert "agent" in row.roles, row.id
+
+
+def test_the_readme_policy_table_is_the_operator_table() -> None:
+    """The README's surface x role table is what role_table() renders from the rows."""
+    from pathlib import Path
+
+    from capd.sidecar._table import role_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("<!-- role-table:start -->\n") + len("<!-- role-table:start -->\n")
+    end = readme.index("\n<!-- role-table:end -->")
+    assert readme[start:end] == role_table()

@@ -123,7 +123,7 @@ class Authority:
         self._by_gid = [b for b in self.bindings if b.uid is None and b.gid is not None]
         self._grants: dict[tuple[int, int | None, frozenset[int] | None],
                            Grant | PeerRefused] = {}
-        self._narrowings: dict[str, Narrowing] = {}
+        self._narrowed: dict[tuple[int, str], tuple[Grant, Grant]] = {}
 
     def grant_for(self, peer: Caller) -> Grant:
         """The grant of ``peer``; raise :class:`PeerRefused` when it may not connect."""
@@ -171,16 +171,19 @@ class Authority:
         Raises :class:`BadRequest` for a header that is not such an object and
         :class:`GrantRefused` for one that would widen the grant.
         """
-        narrowing = self._narrowings.get(header)
-        if narrowing is None:
-            narrowing = parse_narrowing(header)
-            if len(self._narrowings) >= _MAX_CACHED:
-                self._narrowings.clear()
-            self._narrowings[header] = narrowing
+        key = (id(grant), header)
+        found = self._narrowed.get(key)
+        if found is not None and found[0] is grant:
+            return found[1]
         try:
-            return grant.narrowed(narrowing)
+            narrowed = grant.narrowed(parse_narrowing(header))
         except WideningRefused as exc:
             raise GrantRefused(str(exc)) from exc
+        if len(self._narrowed) >= _MAX_CACHED:
+            self._narrowed.clear()
+        # one object per grant and header: what the gateway's chain cache keys on
+        self._narrowed[key] = (grant, narrowed)
+        return narrowed
 
 
 def _names(body: Mapping[str, Any], key: str) -> frozenset[str]:

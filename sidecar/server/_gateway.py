@@ -161,7 +161,7 @@ class Gateway:
         self._ids = itertools.count(1)
         self._id_prefix = "g" + os.urandom(3).hex()
         # (capability name, grant) -> (the capability and policy it was made for, the chain)
-        self._chains: dict[tuple[str, Grant], tuple[Capability, Policy, Next]] = {}
+        self._chains: dict[tuple[str, int], tuple[Capability, Policy, Grant, Next]] = {}
 
     async def wait_idle(self) -> None:
         """Return when no call is in flight."""
@@ -257,15 +257,17 @@ class Gateway:
     def _chain(self, cap: Capability, grant: Grant, policy: Policy) -> Next:
         """The composed chain of ``cap`` for callers with ``grant`` under ``policy``: built
         once per capability object, grant and policy, then looked up."""
-        key = (cap.name, grant)
+        # Keyed by the grant's identity (the authority hands out one object per peer and
+        # narrowing); the entry holds the grant, so its id cannot be reused meanwhile.
+        key = (cap.name, id(grant))
         found = self._chains.get(key)
-        if found is not None and found[0] is cap and found[1] is policy:
-            return found[2]
+        if found is not None and found[0] is cap and found[1] is policy and found[2] is grant:
+            return found[3]
         steps = [step for make in STEPS if (step := make(self)).applies(cap, grant, policy)]
         chain = compose(steps, self._invoke)
         if len(self._chains) >= 4096:  # bounded: grants come and go with narrowings
             self._chains.clear()
-        self._chains[key] = (cap, policy, chain)
+        self._chains[key] = (cap, policy, grant, chain)
         return chain
 
     def clock(self) -> float:
