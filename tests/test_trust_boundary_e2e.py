@@ -29,6 +29,7 @@ from mcp.client.stdio import stdio_client
 from capd.sidecar.client._client import Response, request
 
 from .daemon import DaemonProcess
+from .test_security_metrics import curl_as, open_up, peer_uid  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow  # starts the real daemon, the CLI and the bridge
 
@@ -67,6 +68,15 @@ async def fails(params: Text) -> str:
 @op("tb.park")
 async def park(params: Line) -> str:
     raise TimeoutError("the vault is away")
+
+
+class Peek(BaseModel):
+    link: str
+
+
+@op("tb.peek")
+async def peek(params: Peek) -> str:
+    return "peeked " + params.link
 '''
 
 CAPS = '''
@@ -101,6 +111,11 @@ summary = "Read from the private channel only."
 channels = ["private"]
 
 [[capability]]
+name = "tb.peek"
+op = "tb.peek"
+summary = "Look at a link."
+
+[[capability]]
 name = "tb.park"
 op = "tb.park"
 summary = "A write the operator settles by hand."
@@ -123,6 +138,9 @@ def write_config(folder: Path, extra: str = "") -> Path:
         recheck_interval_s = 3600
         probe_live_interval_s = 3600
 
+        [policy]
+        before = ["capd:ssrf_guard"]
+
         [policy.loops]
         enabled = false
 
@@ -130,7 +148,7 @@ def write_config(folder: Path, extra: str = "") -> Path:
         operator_tools = ["reload", "recheck"]
 
         [profiles.reader]
-        capabilities = ["tb.echo", "tb.primary", "tb.private"]
+        capabilities = ["tb.echo", "tb.primary", "tb.private", "tb.peek"]
 
         [[peers]]
         gid = {GROUP}
@@ -278,7 +296,7 @@ def test_what_a_bound_caller_lists_and_searches_is_its_grant(
     daemon = tb()
     listed = json.loads(agent_cli(daemon, "list", "--json").stdout)
     assert {c["name"] for c in listed["capabilities"]} == {"tb.echo", "tb.primary",
-                                                           "tb.private"}
+                                                           "tb.private", "tb.peek"}
     found = json.loads(agent_cli(daemon, "search", "secret", "--json").stdout)
     assert all(r["name"] != "tb.secret" for r in found["results"])
     exported = json.loads(agent_cli(daemon, "export", "--format", "openai", "--json").stdout)
@@ -525,3 +543,54 @@ def test_require_session_refuses_a_call_without_one(tb: Callable[..., DaemonProc
     bare = call(daemon, "tb.echo")
     assert (bare.status, bare.body["error_type"]) == (403, "session_required")
     assert call(daemon, "tb.echo", session="s1").status == 200
+
+
+# ------------------------------------------------------------------------------- SSRF
+
+
+def test_a_url_under_any_key_is_refused_on_every_surface(
+        tb: Callable[..., DaemonProcess]) -> None:
+    """tb.peek takes `link` (not a key named like a URL): an inside address in it is refused
+    through raw HTTP, the real CLI and the real bridge alike; the op never runs."""
+    daemon = tb()
+    inside = "http://127.0.0.1:9/admin"
+    status, answer = agent_http(daemon, "POST", "/call/tb.peek", {"link": inside})
+    assert (status, answer["status"]) == (403, "error_blocked"), answer
+    assert "link" in answer["message"]
+    done = agent_cli(daemon, "call", "tb.peek", "-p", f"link={inside}")
+    assert done.returncode != 0
+    assert "loopback" in done.stderr
+
+    async def run() -> Any:
+        async with agent_bridge(daemon.socket) as session:
+            return await session.call_tool("invoke_capability", {
+                "id": "tb.peek", "arguments": {"link": "http://0x7f.1/"}})
+
+    bridged = asyncio.run(run())
+    assert bridged.is_error
+    assert bridged.structured_content is not None
+    assert bridged.structured_content["status"] == "error_blocked"
+    assert "peeked" not in json.dumps(bridged.model_dump(mode="json"))
+
+
+# ------------------------------------------------------------- revocation by uid
+
+
+def test_a_uid_taken_out_of_allow_uids_is_refused_after_reload(
+        tb: Callable[..., DaemonProcess], short_tmp: Path, peer_uid: int) -> None:  # noqa: F811
+    """allow_uids and operator_uids are re-read at reload: an operator uid loses the queue,
+    then an allowed uid loses the socket, on their next request."""
+    config = f"allow_uids = [{peer_uid}]\noperator_uids = [{peer_uid}]\n"
+    daemon = tb()
+    path = short_tmp / "capd.toml"
+    path.write_text(config + path.read_text())
+    assert request(daemon.socket, "POST", "/reload").status == 200
+    open_up(daemon)
+    assert curl_as(peer_uid, daemon.socket, "/queue") == "200"
+    path.write_text(path.read_text().replace(f"operator_uids = [{peer_uid}]\n", ""))
+    assert request(daemon.socket, "POST", "/reload").status == 200
+    assert curl_as(peer_uid, daemon.socket, "/queue") == "403"
+    assert curl_as(peer_uid, daemon.socket, "/capabilities") == "200"
+    path.write_text(path.read_text().replace(f"allow_uids = [{peer_uid}]\n", ""))
+    assert request(daemon.socket, "POST", "/reload").status == 200
+    assert curl_as(peer_uid, daemon.socket, "/capabilities") == "403"
