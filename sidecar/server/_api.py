@@ -46,6 +46,7 @@ from .._errors import (
 from .._table import COMMANDS, OperatorCommand
 from ._authority import GRANT_HEADER, GrantRefused, PeerRefused, peer_credentials
 from ._consent import UnknownGrant
+from ._grant import Grant
 from ._handlers import HANDLERS
 from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
@@ -249,6 +250,7 @@ class Api:
         self._limiter = limiter or RateLimiter(0, 1)
         self._ids = RequestIds()
         self.router = Router(COMMANDS)
+        self._callers: dict[tuple[int, str | None, int], tuple[Caller, Grant, Caller]] = {}
 
     def hooks(self) -> ServerHooks:
         """What the HTTP server calls."""
@@ -307,11 +309,21 @@ class Api:
         session = headers.get("capd-session")
         caller = peer
         if session or grant is not peer.grant:
-            try:
-                qualified = session_of(peer, session) if session else None
-            except BadRequest as exc:
-                return problem(400, "Bad Request", str(exc))
-            caller = Caller(peer.pid, peer.uid, peer.gid, qualified, peer.groups, grant)
+            # One Caller per connection, session and grant, made once (the entry holds
+            # the peer and the grant, so neither id can be reused while it is kept).
+            key = (id(peer), session, id(grant))
+            found = self._callers.get(key)
+            if found is not None and found[0] is peer and found[1] is grant:
+                caller = found[2]
+            else:
+                try:
+                    qualified = session_of(peer, session) if session else None
+                except BadRequest as exc:
+                    return problem(400, "Bad Request", str(exc))
+                caller = Caller(peer.pid, peer.uid, peer.gid, qualified, peer.groups, grant)
+                if len(self._callers) >= 4096:
+                    self._callers.clear()
+                self._callers[key] = (peer, grant, caller)
         if row.id == "call":
             wait_s = self._limiter.take(caller)
             if wait_s is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import math
 import os
 import secrets
 import time
@@ -83,6 +84,8 @@ class ConsentStore:
         self.path = path
         self._clock = clock
         self._grants = {g.id: g for g in grants}
+        # (operations, session) -> when the grants covering them all first run out
+        self._covered: dict[tuple[tuple[str, ...], str | None], float] = {}
 
     @classmethod
     def open(cls, state_dir: Path, *, clock: Callable[[], float] = time.time) -> ConsentStore:
@@ -115,12 +118,14 @@ class ConsentStore:
                       granted_at=now, expires_at=now + ttl_s, granted_by_uid=granted_by_uid)
         self._drop_expired()
         self._grants[grant.id] = grant
+        self._covered.clear()
         self._save()
         return grant
 
     def revoke(self, grant_id: str) -> Grant:
         """Remove a grant; raise :class:`UnknownGrant` if there is none with that id."""
         grant = self._grants.pop(grant_id, None)
+        self._covered.clear()
         if grant is None:
             known = ", ".join(sorted(self._grants)) or "none"
             raise UnknownGrant(f"no consent grant {grant_id!r} (live grants: {known})")
@@ -133,10 +138,32 @@ class ConsentStore:
         return sorted(self._grants.values(), key=lambda g: g.expires_at)
 
     def missing(self, operations: Iterable[str], session: str | None) -> list[str]:
-        """The operations no live grant covers for ``session`` (in the order asked)."""
+        """The operations no live grant covers for ``session`` (in the order asked).
+
+        A full cover is remembered until the first of the grants it rests on expires
+        (or any grant is made or revoked): a capability called again and again behind
+        one grant is not matched against every grant each time.
+        """
+        ops = tuple(operations)
         now = self._clock()
+        key = (ops, session)
+        until = self._covered.get(key)
+        if until is not None and now < until:
+            return []
         live = [g for g in self._grants.values() if g.expires_at > now]
-        return [op for op in operations if not any(g.covers(op, session) for g in live)]
+        missing: list[str] = []
+        holds_until = math.inf
+        for op in ops:
+            covering = [g.expires_at for g in live if g.covers(op, session)]
+            if covering:
+                holds_until = min(holds_until, max(covering))
+            else:
+                missing.append(op)
+        if not missing:
+            if len(self._covered) >= 4096:
+                self._covered.clear()
+            self._covered[key] = holds_until
+        return missing
 
     def _drop_expired(self) -> None:
         now = self._clock()

@@ -66,8 +66,7 @@ RUN_DISABLED_OPERATION = "capd.run_disabled"
 def _observer_copy(result: ToolResult) -> ToolResult:
     """A copy of ``result`` an after-hook may do anything to: every mutable part is its
     own (a deep copy only where the op's value is itself mutable)."""
-    clone = copy.copy(result)  # a new __dict__, the same values
-    fields = clone.__dict__
+    fields = dict(result.__dict__)  # a new __dict__, the same values
     value = fields["result"]
     if isinstance(value, dict | list):
         fields["result"] = copy.deepcopy(value)
@@ -76,7 +75,7 @@ def _observer_copy(result: ToolResult) -> ToolResult:
     fields["unavailable_alternatives"] = dict(fields["unavailable_alternatives"])
     if fields["missing_consent"] is not None:
         fields["missing_consent"] = list(fields["missing_consent"])
-    return clone
+    return ToolResult.assemble(fields)
 
 
 BeforeHook = Callable[[Capability, BaseModel, Caller], Awaitable[None] | None]

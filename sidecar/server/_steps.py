@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pydantic import BaseModel
 
@@ -45,13 +45,13 @@ class CallOptions:
 PLAIN = CallOptions()
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """One call: what is called, with what, by whom, under which registry and policy.
 
     ``raw`` is the parameters as the caller sent them (JSON), which loop detection
     compares; ``params`` holds the same values, validated. ``fallback`` is set on a
-    call made by error routing (a fallback never falls back in its turn).
+    call made by error routing (a fallback never falls back in its turn). Immutable
+    (a tuple: made once per call, cheaply; ``_replace`` makes the fallback's).
     """
 
     capability: Capability
@@ -190,7 +190,7 @@ class Loops:
                 "this daemon requires a Capd-Session header on every call ([policy.loops] "
                 "require_session = true); capd mcp sends one per client")), None
         key = caller.loop_key
-        if not loops.checks(key):
+        if not loops.checks(key):  # loop detection off (require_session alone)
             return await rest(call)
         warnings: list[str] = []
         verdict = loops.before(key, cap.name, call.raw)
@@ -285,8 +285,8 @@ class ErrorRouting:
             if other.unknown_params(raw):
                 continue
             tried.append(other.name)
-            answer, _ = await self._answers.run(replace(
-                call, capability=other, params=model, raw=raw, started=self._answers.clock(),
+            answer, _ = await self._answers.run(call._replace(
+                capability=other, params=model, raw=raw, started=self._answers.clock(),
                 options=CallOptions(left_s), fallback=True))
             if answer.ok:
                 policy.note(self.kind, "answered", capability=cap.name, caller=caller,
