@@ -24,6 +24,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
@@ -126,8 +127,13 @@ def _field(document: Any, dotted: str) -> Any:
     return document
 
 
-async def _http(effect: HttpEffect, values: Mapping[str, Any]) -> EffectCheck:
-    url = render(effect.url, values)
+async def _http(effect: HttpEffect, values: Mapping[str, Any],
+                options: Mapping[str, Any]) -> EffectCheck:
+    # A call's parameter lands in the URL percent-encoded: it can add a path segment's
+    # worth of text, never a host, a port, a path or a query of its own. The
+    # capability's options (the operator's) are taken as written.
+    url = render(effect.url, {k: v if k in options else quote(str(v), safe="")
+                              for k, v in values.items()})
     import aiohttp  # only when an http effect is checked (the import costs ~0.1 s)
 
     async with aiohttp.ClientSession() as session, session.request(
@@ -209,7 +215,7 @@ async def check_effect(
                 case FileExistsEffect():
                     return await _file_exists(effect, values)
                 case HttpEffect():
-                    return await _http(effect, values)
+                    return await _http(effect, values, cap.options)
                 case CommandEffect():
                     return await _command(effect, values)
                 case OpEffect():

@@ -135,6 +135,13 @@ class Registry:
         raise UnknownCapability(name, difflib.get_close_matches(without_mark(name), known, n=3,
                                                                 cutoff=0.6))
 
+    def suggest(self, name: str, allowed: Callable[[Capability], bool]) -> list[str]:
+        """Names and aliases close to ``name`` among the capabilities ``allowed`` takes in
+        (what a caller that may see only those is told it might have meant)."""
+        known = [n for n, cap in self._all.items() if allowed(cap)]
+        known += [a for a, owner in self._aliases.items() if allowed(self._all[owner])]
+        return difflib.get_close_matches(without_mark(name), known, n=3, cutoff=0.6)
+
     def _canonical(self, name: str) -> str | None:
         """The canonical name ``name`` stands for (name, alias, ``@`` or not), or None."""
         if name in self._all:

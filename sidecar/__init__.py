@@ -7,7 +7,7 @@ share is here — the operator table, the errors, default paths.
 
     CapdError
     └── SidecarError
-        ├── InvalidParams, BadRequest, Draining          answered by the API
+        ├── InvalidParams, BadRequest, Forbidden, Draining   answered by the API
         ├── UnknownAgent, UnresolvedAgent                  answered by the API
         ├── SocketInUse, UnsafeSocketFolder, StateDirLocked   the daemon refuses to start
         └── DaemonUnreachable                           the client finds nothing listening
@@ -19,6 +19,7 @@ from ._errors import (
     DaemonDown,
     DaemonUnreachable,
     Draining,
+    Forbidden,
     InvalidParams,
     SidecarError,
     SocketInUse,
@@ -36,6 +37,7 @@ __all__ = [
     "DaemonDown",
     "DaemonUnreachable",
     "Draining",
+    "Forbidden",
     "InvalidParams",
     "McpTool",
     "OperatorCommand",

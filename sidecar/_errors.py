@@ -64,6 +64,10 @@ class BadRequest(SidecarError):
     """The request itself is malformed."""
 
 
+class Forbidden(SidecarError):
+    """The caller's grant does not reach what it asked (403); the message says why."""
+
+
 class Draining(SidecarError):
     """The daemon is draining for shutdown and accepts no new calls."""
 

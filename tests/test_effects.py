@@ -145,3 +145,35 @@ def test_combine() -> None:
     assert combine(["present", "absent"]) == "partial"
     assert combine(["present", "unknown"]) == "unknown"
     assert combine([]) == "unknown"
+
+
+async def test_a_parameter_in_an_http_effect_url_is_percent_encoded() -> None:
+    """A call's parameter fills a path segment's worth of the URL, never a host, a port, a
+    path or a query of its own; the capability's options are taken as written."""
+    from aiohttp import web
+
+    from capd.recovery._effects import _http
+    from capd.registry import HttpEffect
+
+    seen: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        effect = HttpEffect(url=f"http://127.0.0.1:{port}/{{prefix}}/{{tenant}}")
+        check = await _http(effect, {"prefix": "v1/records", "tenant": "x/../admin?all=1#"},
+                            {"prefix": "v1/records"})
+    finally:
+        await runner.cleanup()
+    # "=" may stand in a path segment: the client sends it as itself
+    assert seen == ["/v1/records/x%2F..%2Fadmin%3Fall=1%23"]
+    assert check.status == "absent"

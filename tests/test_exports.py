@@ -45,7 +45,8 @@ def test_registry_exports() -> None:
 
 
 SIDECAR = {
-    "COMMANDS", "BadRequest", "DaemonDown", "DaemonUnreachable", "Draining", "InvalidParams",
+    "COMMANDS", "BadRequest", "DaemonDown", "DaemonUnreachable", "Draining", "Forbidden",
+    "InvalidParams",
     "McpTool", "OperatorCommand", "Option", "SidecarError", "SocketInUse", "StateDirLocked",
     "UnsafeSocketFolder", "capd_version", "default_socket_path", "UnknownAgent",
     "UnresolvedAgent",

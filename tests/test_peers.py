@@ -3,6 +3,7 @@ clock; the grants through the real socket are in tests/test_trust_boundary_e2e.p
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -78,9 +79,33 @@ def test_a_gid_binding_reads_the_groups_given_and_fails_closed_without_them() ->
     assert free.profile is None
     with pytest.raises(PeerRefused, match="supplementary groups"):
         authority.grant_for(Caller(pid=1, uid=2000, gid=2000, groups=None))
-    # a primary gid needs no /proc: SO_PEERCRED carries it
-    primary = authority.grant_for(Caller(pid=1, uid=2000, gid=777, groups=None))
-    assert primary.profile == READER
+    # even a primary gid that a binding names: an earlier, narrower binding could name
+    # one of the groups that cannot be read
+    with pytest.raises(PeerRefused, match="supplementary groups"):
+        authority.grant_for(Caller(pid=1, uid=2000, gid=777, groups=None))
+
+
+def test_a_refusal_is_a_new_exception_each_time() -> None:
+    """A cached refusal is a sentence, raised anew: an exception kept in the cache would
+    gather every refused request's traceback (and its body) until the next reload."""
+    authority = Authority(own_uid=1000)
+    peer = Caller(pid=1, uid=1001, gid=1001, groups=frozenset())
+    caught = []
+    for _ in range(2):
+        with pytest.raises(PeerRefused) as refused:
+            authority.grant_for(peer)
+        caught.append(refused.value)
+    assert caught[0] is not caught[1]
+    assert str(caught[0]) == str(caught[1])
+
+
+def test_an_oversized_narrowing_is_refused() -> None:
+    """Capd-Grant is bounded in bytes and in names (each distinct one is cached)."""
+    names = [f"n{i}.x" for i in range(600)]
+    with pytest.raises(BadRequest, match="at most 512"):
+        parse_narrowing(json.dumps({"allow": names}))
+    with pytest.raises(BadRequest, match="bytes"):
+        parse_narrowing(json.dumps({"allow": ["a" * 20000]}))
 
 
 def test_a_new_authority_is_a_new_decision() -> None:
@@ -109,7 +134,13 @@ def test_a_narrowing_only_takes_away() -> None:
     assert both.allows(_cap("notes.read_all"))
     with pytest.raises(GrantRefused, match="channel 'team'"):
         authority.narrow(bound, '{"channel": "private"}')
+    assert authority.narrow(bound, '{"channel": "team"}').channel == "team"
     assert authority.narrow(operator, '{"channel": "private"}').channel == "private"
+    no_channel = Authority(own_uid=1000, profiles={"reader": READER},
+                           bindings=[PeerBinding("reader", uid=3001)])
+    plain = no_channel.grant_for(Caller(pid=1, uid=3001, gid=3001, groups=frozenset()))
+    with pytest.raises(GrantRefused, match="no channel"):  # its binding fixes "none"
+        no_channel.narrow(plain, '{"channel": "private"}')
 
 
 @pytest.mark.parametrize("header", ["nope", "[]", '{"allow": "a"}', '{"allow": []}',

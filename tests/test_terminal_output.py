@@ -479,3 +479,11 @@ def test_a_text_format_on_a_pipe_is_the_http_body(daemon: DaemonProcess) -> None
     reply = daemon.call("GET", "/agents/painter/resolve?format=codex")
     assert isinstance(reply.body, str)
     assert done.stdout.decode() == reply.body
+
+
+@pytest.mark.parametrize("code", [0x200B, 0x2060, 0x2061, 0x2064, 0xFEFF])
+def test_invisible_characters_that_hide_text_are_shown(code: int) -> None:
+    """A zero-width space, word joiner or BOM inside a name would hide what it splits."""
+    from capd.sidecar.client._terminal import printable
+
+    assert printable(f"notes{chr(code)}.append") == f"notes\\u{code:04x}.append"

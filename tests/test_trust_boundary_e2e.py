@@ -34,6 +34,7 @@ from .test_security_metrics import curl_as, open_up, peer_uid  # noqa: F401 - a 
 pytestmark = pytest.mark.slow  # starts the real daemon, the CLI and the bridge
 
 GROUP = 4242
+VISIBLE = {"tb.echo", "tb.primary", "tb.private", "tb.peek", "tb.svc_read", "tb.note"}
 AS_AGENT = ["setpriv", f"--groups={GROUP}", "--"]
 SECRET = "SECRET-8d1f"
 
@@ -74,6 +75,11 @@ class Peek(BaseModel):
     link: str
 
 
+@op("tb.note")
+async def note(params: Line) -> str:
+    raise TimeoutError("the notebook is away")
+
+
 @op("tb.peek")
 async def peek(params: Peek) -> str:
     return "peeked " + params.link
@@ -111,6 +117,25 @@ summary = "Read from the private channel only."
 channels = ["private"]
 
 [[capability]]
+name = "tb.svc_read"
+op = "tb.echo"
+summary = "Read the service."
+requires = ["svc"]
+
+[[capability]]
+name = "tb.svc_wipe"
+op = "tb.echo"
+summary = "Wipe the service."
+requires = ["svc"]
+
+[[capability]]
+name = "tb.note"
+op = "tb.note"
+summary = "A write that fails for now and is retried."
+mutates_state = true
+retry_policy = "replay"
+
+[[capability]]
 name = "tb.peek"
 op = "tb.peek"
 summary = "Look at a link."
@@ -138,6 +163,19 @@ def write_config(folder: Path, extra: str = "") -> Path:
         recheck_interval_s = 3600
         probe_live_interval_s = 3600
 
+        [tools.svc]
+        kind = "path"
+        path = "{folder}/svc_flag"
+        timeout_s = 1
+
+        [[injections]]
+        when = "incident"
+        add = ["tb.secret"]
+        why = "an incident needs the secret"
+
+        [agents.helper]
+        capabilities = ["tb.echo"]
+
         [policy]
         before = ["capd:ssrf_guard"]
 
@@ -148,7 +186,11 @@ def write_config(folder: Path, extra: str = "") -> Path:
         operator_tools = ["reload", "recheck"]
 
         [profiles.reader]
-        capabilities = ["tb.echo", "tb.primary", "tb.private", "tb.peek"]
+        capabilities = ["tb.echo", "tb.primary", "tb.private", "tb.peek", "tb.svc_read",
+                        "tb.note"]
+
+        [profiles.other]
+        capabilities = ["tb.secret"]
 
         [[peers]]
         gid = {GROUP}
@@ -282,7 +324,11 @@ def test_recheck_reaches_only_inside_the_grant_and_hidden_names_are_unknown(
         if "secret-reader" in path:  # an alias never gives the canonical name away
             assert "tb.secret" not in json.dumps(answer), (path, answer)
         assert answer["title"] == "Unknown Capability"
-        assert answer["suggestions"] == [], answer
+        # suggestions come from what the grant reaches, hidden or unknown alike
+        assert set(answer["suggestions"]) <= VISIBLE, answer
+    near_hidden = agent_http(daemon, "POST", "/call/tb.secre", {})[1]
+    near_unknown = agent_http(daemon, "POST", "/call/tb.secrex", {})[1]
+    assert "tb.secret" not in near_hidden["suggestions"] + near_unknown["suggestions"]
     shown = agent_cli(daemon, "show", "@secret-reader")
     assert shown.returncode != 0
     assert "tb.secret" not in shown.stdout + shown.stderr
@@ -295,8 +341,7 @@ def test_what_a_bound_caller_lists_and_searches_is_its_grant(
     """list, search, export, preflight and whoami show only what the profile holds."""
     daemon = tb()
     listed = json.loads(agent_cli(daemon, "list", "--json").stdout)
-    assert {c["name"] for c in listed["capabilities"]} == {"tb.echo", "tb.primary",
-                                                           "tb.private", "tb.peek"}
+    assert {c["name"] for c in listed["capabilities"]} == VISIBLE
     found = json.loads(agent_cli(daemon, "search", "secret", "--json").stdout)
     assert all(r["name"] != "tb.secret" for r in found["results"])
     exported = json.loads(agent_cli(daemon, "export", "--format", "openai", "--json").stdout)
@@ -483,8 +528,8 @@ def test_a_peer_whose_groups_cannot_be_read_is_refused_not_let_in_unbound() -> N
 def test_a_channel_capability_runs_only_for_its_channel(
         tb: Callable[..., DaemonProcess]) -> None:
     """tb.private declares channels = ["private"]: a caller with no channel or another one
-    is error_blocked wrong_channel; the bridge's --channel private runs it; a caller bound
-    to a channel cannot claim another."""
+    is error_blocked wrong_channel; an unbound caller naming private runs it; a caller
+    bound to a channel, or bound with none, cannot claim another."""
     daemon = tb(extra="""
         [[peers]]
         gid = 4244
@@ -502,7 +547,8 @@ def test_a_channel_capability_runs_only_for_its_channel(
     assert other.body["error_type"] == "wrong_channel"
     status, answer = agent_http(daemon, "POST", "/call/tb.private", {},
                                 headers={"Capd-Grant": '{"channel": "private"}'})
-    assert status == 200, answer  # bound by gid 4242 to reader, no channel: may name one
+    assert status == 403, answer  # bound by gid 4242 with no channel: it cannot name one
+    assert "bound to no channel" in answer["detail"]
     done = subprocess.run(["setpriv", "--groups=4244", "--", shutil.which("curl") or "curl",
                            "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
                            "-H", 'Capd-Grant: {"channel": "private"}', "--data", "{}",
@@ -594,3 +640,97 @@ def test_a_uid_taken_out_of_allow_uids_is_refused_after_reload(
     path.write_text(path.read_text().replace(f"allow_uids = [{peer_uid}]\n", ""))
     assert request(daemon.socket, "POST", "/reload").status == 200
     assert curl_as(peer_uid, daemon.socket, "/capabilities") == "403"
+
+
+# ----------------------------------------------------------- what the review found
+
+
+def test_recheck_names_only_what_the_grant_reaches_and_force_is_the_operators(
+        tb: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """tb.svc_read and the hidden tb.svc_wipe share a tool: an agent's recheck restores
+    what the tool unblocks but names only tb.svc_read; --force is refused to it."""
+    daemon = tb()
+    (short_tmp / "svc_flag").touch()
+    status, forced = agent_http(daemon, "POST", "/recheck/tb.svc_read?force=true", {})
+    assert status == 403, forced
+    assert "operators only" in forced["detail"]
+    status, answer = agent_http(daemon, "POST", "/recheck/tb.svc_read", {})
+    assert status == 200, answer
+    assert answer["state"] == "live"
+    assert "tb.svc_wipe" not in json.dumps(answer)
+    assert answer["restored"] == ["tb.svc_read"]
+
+
+def test_injections_and_contexts_outside_the_grant_are_not_shown(
+        tb: Callable[..., DaemonProcess]) -> None:
+    """An injection adding a hidden capability is left out of an agent's listings, and a
+    context that would trigger it resolves without it rather than failing."""
+    daemon = tb()
+    status, agents = agent_http(daemon, "GET", "/agents")
+    assert status == 200
+    assert agents["injections"] == []
+    assert "tb.secret" not in json.dumps(agents)
+    assert len(request(daemon.socket, "GET", "/agents").body["injections"]) == 1
+    status, resolved = agent_http(daemon, "GET", "/agents/helper/resolve?context=incident")
+    assert status == 200, resolved
+    assert resolved["capabilities"] == ["tb.echo"]
+
+
+def test_an_agents_idempotency_keys_are_its_own(tb: Callable[..., DaemonProcess]) -> None:
+    """The operator's queued write under key K does not answer an agent's write under K
+    (no 409 naming the operator's job or capability): each writes its own job."""
+    daemon = tb()
+    key = {"Idempotency-Key": "deploy-2026-11-25", "Capd-Timeout": "0.5"}
+    mine = request(daemon.socket, "POST", "/call/tb.park", body={"line": "a"}, headers=key)
+    assert mine.status == 202, mine.body
+    status, theirs = agent_http(daemon, "POST", "/call/tb.note", {"line": "b"}, headers=key)
+    assert status == 202, theirs
+    assert theirs["queued"] != mine.body["queued"]
+    assert "tb.park" not in json.dumps(theirs)
+    again = agent_http(daemon, "POST", "/call/tb.note", {"line": "b"}, headers=key)[1]
+    assert again["queued"] == theirs["queued"]  # the agent's own key still de-duplicates
+
+
+def test_an_agent_cannot_read_another_profile_or_the_operators_troubles(
+        tb: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """export ?profile= of another profile is unknown to an agent, naming no profile but its
+    own; /health tells it a reload failed but not why (file names, lines)."""
+    daemon = tb()
+    status, answer = agent_http(daemon, "GET", "/export?format=openai&profile=other")
+    assert status == 404, answer
+    assert answer["detail"] == "unknown profile 'other' (profiles: reader)"
+    config = short_tmp / "capd.toml"
+    good = config.read_text()
+    config.write_text(good + "\nthis is not toml [\n")
+    assert request(daemon.socket, "POST", "/reload").status == 500
+    status, health = agent_http(daemon, "GET", "/health")
+    assert "capd.toml" not in json.dumps(health)
+    assert "reload:last" not in health["checks"]
+    assert "the last reload failed" in health["output"]
+    assert "reload:last" in request(daemon.socket, "GET", "/health").body["checks"]
+    config.write_text(good)
+
+
+LOOPS = """
+    [policy.loops]
+    enabled = true
+    warn_at = 3
+    block_at = 5
+"""
+
+
+def test_an_agent_escapes_no_loop_count_by_new_processes_or_new_sessions(
+        tb: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """Each curl is a new process with no session: a bound agent is still counted as one;
+    and making up a new session name for every call starts no fresh count either."""
+    daemon = tb()
+    config = short_tmp / "capd.toml"
+    config.write_text(config.read_text().replace("[policy.loops]\nenabled = false\n", "")
+                      + LOOPS)
+    assert request(daemon.socket, "POST", "/reload").status == 200
+    bare = [agent_http(daemon, "POST", "/call/tb.echo", {"text": "same"})[0]
+            for _ in range(5)]
+    assert bare == [200, 200, 200, 200, 403]
+    rotated = [agent_http(daemon, "POST", "/call/tb.peek", {"link": "plain words"},
+                          headers={"Capd-Session": f"r{i}"})[0] for i in range(5)]
+    assert rotated == [200, 200, 200, 200, 403]

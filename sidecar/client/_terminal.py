@@ -17,6 +17,9 @@ What is escaped (:func:`printable`):
   U+2066-U+2069;
 - U+2028 and U+2029, line and paragraph separators some terminals and most
   line-splitting readers (``str.splitlines``) take for a line break;
+- the invisible characters that hide text or split a name without showing:
+  U+200B (zero-width space), U+2060-U+2064 (word joiner, invisible operators),
+  U+FEFF (zero-width no-break space);
 - lone surrogates (U+D800-U+DFFF), which JSON can carry but UTF-8 cannot: raw,
   they would stop the CLI with a UnicodeEncodeError.
 
@@ -60,11 +63,12 @@ def _escape(code: int) -> str:
 _CONTROLS = (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0))
 _DIRECTION = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 _SEPARATORS = (0x2028, 0x2029)
+_INVISIBLE = (0x200B, *range(0x2060, 0x2065), 0xFEFF)
 _SURROGATES = range(0xD800, 0xE000)
 
 # str.translate tables: code point -> its visible escape.
 _ONE_LINE = {code: _escape(code)
-             for code in (*_CONTROLS, *_DIRECTION, *_SEPARATORS, *_SURROGATES)}
+             for code in (*_CONTROLS, *_DIRECTION, *_SEPARATORS, *_INVISIBLE, *_SURROGATES)}
 _PRINTABLE = {code: escape for code, escape in _ONE_LINE.items() if code not in (0x09, 0x0A)}
 
 

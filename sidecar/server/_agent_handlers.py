@@ -17,6 +17,7 @@ from typing import Any
 
 from capd.registry import (
     AgentSpec,
+    InjectionSpec,
     InvalidTopology,
     Topology,
     TopologySet,
@@ -53,7 +54,7 @@ def _resolve(ctx: Context, name: str, context: Mapping[str, str],
     d = ctx.services
     known = d.loaded.agents if agents is None else agents
     resolution = resolve_agent(
-        name, agents=known, injections=d.loaded.injections, registry=d.registry,
+        name, agents=known, injections=_injections(ctx), registry=d.registry,
         context=context, bridge=BridgeLaunch(capd_command(), d.socket_path))
     grant = ctx.caller.grant
     if grant.restricted and not all(grant.allows(d.registry.get(n))
@@ -87,9 +88,28 @@ def _context(ctx: Context) -> dict[str, str]:
         raise BadRequest(f"context: {exc}") from exc
 
 
+def _injections(ctx: Context) -> list[InjectionSpec]:
+    """The run-time injections this caller may know of: all, unless its grant is limited;
+    then only those whose every entry selects capabilities inside it (an injection that
+    reaches further is left out of its listings and of its resolutions alike)."""
+    injections = list(ctx.services.loaded.injections)
+    grant = ctx.caller.grant
+    if not grant.restricted:
+        return injections
+    registry = ctx.services.registry
+
+    def inside(injection: InjectionSpec) -> bool:
+        selections = [select_capabilities(registry, entry) for entry in injection.add]
+        return all(s.problem is None and all(grant.allows(registry.get(n))
+                                             for n in s.capabilities) for s in selections)
+
+    return [i for i in injections if inside(i)]
+
+
 def _injections_view(ctx: Context) -> list[dict[str, Any]]:
+    shown = {id(i) for i in _injections(ctx)}
     return [{"injection": index, "when": i.when, "add": list(i.add), "why": i.why}
-            for index, i in enumerate(ctx.services.loaded.injections)]
+            for index, i in enumerate(ctx.services.loaded.injections) if id(i) in shown]
 
 
 async def agents_list(ctx: Context) -> Reply:
@@ -136,7 +156,16 @@ async def agent_resolve(ctx: Context) -> Reply:
 
 
 async def _topologies(ctx: Context) -> TopologySet:
-    return await asyncio.to_thread(ctx.services.loaded.topologies)
+    """The declared topologies this caller may know of: all, unless its grant is limited;
+    then only those every role of which names an agent it may see, and no read errors
+    (they name files and other topologies)."""
+    found = await asyncio.to_thread(ctx.services.loaded.topologies)
+    if not ctx.caller.grant.restricted:
+        return found
+    agents = _agents(ctx)
+    return TopologySet(topologies={
+        tid: t for tid, t in found.topologies.items()
+        if all(r.agent in agents for r in t.roles)})
 
 
 def _problems(ctx: Context, topology: Topology, agents: Mapping[str, AgentSpec]) -> list[str]:

@@ -36,6 +36,7 @@ from .._errors import (
     BadRequest,
     Draining,
     ExportConflict,
+    Forbidden,
     InvalidParams,
     InvalidTimeout,
     SearchUnavailable,
@@ -58,15 +59,19 @@ log = structlog.get_logger("capd.api")
 _SESSION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-def session_of(caller: Caller, session: str) -> str:
+def session_of(caller: Caller, session: str, grant: Grant) -> str:
     """The qualified name of agent session ``session`` (the ``Capd-Session`` header).
 
-    A session belongs to its uid: another uid sending the same name gets a session of
-    its own (its loop counts, its grants), so the session is ``<uid>:<name>``.
+    A session belongs to its uid and grant: another uid, or an agent of the same uid
+    under a binding or a narrowing, sending the same name gets a session of its own
+    (its loop counts, its consent grants): ``<uid>:<name>``, ``<uid>.<tag>:<name>``.
     """
     if not _SESSION.match(session):
         raise BadRequest("Capd-Session must be 1-64 letters, digits, '.', '_' or '-'")
-    return f"{caller.uid}:{session}" if caller.uid is not None else session
+    if caller.uid is None:
+        return session
+    tag = grant.tag
+    return f"{caller.uid}:{session}" if tag is None else f"{caller.uid}.{tag}:{session}"
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -115,6 +120,8 @@ def _problem_for(exc: Exception, path: str) -> HttpResponse:
     match exc:
         case BadRequest():
             return problem(400, "Bad Request", str(exc))
+        case Forbidden():
+            return problem(403, "Forbidden", str(exc))
         case InvalidParams():
             return problem(422, "Invalid Parameters", str(exc), errors=exc.errors)
         case InvalidTimeout():
@@ -317,7 +324,7 @@ class Api:
                 caller = found[2]
             else:
                 try:
-                    qualified = session_of(peer, session) if session else None
+                    qualified = session_of(peer, session, grant) if session else None
                 except BadRequest as exc:
                     return problem(400, "Bad Request", str(exc))
                 caller = Caller(peer.pid, peer.uid, peer.gid, qualified, peer.groups, grant)

@@ -20,7 +20,7 @@ Rules, in order:
 2. A ``[[peers]]`` entry naming the uid binds it; else the first entry naming its
    primary or a supplementary gid. Bound: an agent with that profile and channel.
    When gid entries exist, no uid entry matched and the groups could not be read,
-   the caller is refused: it might be bound, and unbound would be wider.
+   the caller is refused: which entry (if any) names it cannot be known.
 3. Otherwise the peer must be let in (root, the daemon's uid, ``allow_uids``, or
    a gid in ``allow_gids``); it is an operator when its uid is root, the daemon's
    or in ``operator_uids``, else an agent with every capability.
@@ -45,9 +45,15 @@ from ._services import Caller
 _CRED = struct.Struct("3i")
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 _MAX_CACHED = 4096
+MAX_GRANT_HEADER_BYTES = 16384
+MAX_GRANT_NAMES = 512
 GRANT_HEADER = "capd-grant"
 """The request header a client narrows its grant with: a JSON object with ``allow``
 (capability names or aliases), ``tags`` and ``channel``, each optional."""
+
+
+_NOBODY = Caller(pid=0, uid=-1, gid=-1, groups=frozenset())
+"""A peer whose credentials cannot exist (not a Unix socket): every authority refuses it."""
 
 
 class PeerRefused(Exception):
@@ -86,8 +92,10 @@ def peer_groups(sock: socket.socket, pid: int) -> frozenset[int] | None:
 
 def peer_credentials(sock: Any) -> Caller:
     """The credentials of a connection's peer (empty when it is not a Unix socket)."""
-    if sock is None or sock.family != socket.AF_UNIX:
+    if sock is None:  # no socket at all: an in-process transport (tests, embedders)
         return Caller()
+    if sock.family != socket.AF_UNIX:  # no credentials to read: never an operator
+        return _NOBODY
     pid, uid, gid = _CRED.unpack(
         sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
     return Caller(pid=pid, uid=uid, gid=gid, groups=peer_groups(sock, pid))
@@ -121,8 +129,8 @@ class Authority:
             if binding.uid is not None:
                 self._by_uid.setdefault(binding.uid, binding)
         self._by_gid = [b for b in self.bindings if b.uid is None and b.gid is not None]
-        self._grants: dict[tuple[int, int | None, frozenset[int] | None],
-                           Grant | PeerRefused] = {}
+        # peer credentials -> its grant, or the sentence refusing it
+        self._grants: dict[tuple[int, int | None, frozenset[int] | None], Grant | str] = {}
         self._narrowed: dict[tuple[int, str], tuple[Grant, Grant]] = {}
 
     def grant_for(self, peer: Caller) -> Grant:
@@ -136,33 +144,30 @@ class Authority:
             if len(self._grants) >= _MAX_CACHED:
                 self._grants.clear()
             self._grants[key] = found
-        if isinstance(found, PeerRefused):
-            raise found
+        if isinstance(found, str):
+            # A new exception each time: a kept one would gather tracebacks, and with
+            # them every refused request's frames, for as long as it is cached.
+            raise PeerRefused(found)
         return found
 
-    def _decide(self, uid: int, gid: int | None,
-                groups: frozenset[int] | None) -> Grant | PeerRefused:
+    def _decide(self, uid: int, gid: int | None, groups: frozenset[int] | None) -> Grant | str:
+        """The grant of these credentials, or why they are refused."""
         binding = self._by_uid.get(uid)
         if binding is None and self._by_gid:
-            if groups is None:
-                primary = [b for b in self._by_gid if b.gid == gid]
-                if not primary:
-                    return PeerRefused(
-                        f"capd could not read the supplementary groups of uid {uid}, and "
-                        "[[peers]] binds callers by group: refused rather than let in "
-                        "unbound (bind this uid by uid instead)")
-                binding = primary[0]
-            else:
-                binding = next((b for b in self._by_gid
-                                if b.gid == gid or b.gid in groups), None)
+            if groups is None:  # which binding names it (if any) cannot be known
+                return (f"capd could not read the supplementary groups of uid {uid}, and "
+                        "[[peers]] binds callers by group: refused rather than let in under "
+                        "a guess (bind this uid by uid instead)")
+            binding = next((b for b in self._by_gid
+                            if b.gid == gid or b.gid in groups), None)
         if binding is not None:
             profile = self.profiles[binding.profile] if binding.profile is not None else None
             return Grant("agent", profile, None, binding.channel, bound=True)
         admitted = (uid in self.admitted_uids or gid in self.admitted_gids
                     or (groups is not None and not self.admitted_gids.isdisjoint(groups)))
         if not admitted:
-            return PeerRefused("this uid may not use the capd socket; ask the operator to "
-                               "add it to allow_uids or allow_gids")
+            return ("this uid may not use the capd socket; ask the operator to add it to "
+                    "allow_uids or allow_gids")
         return Grant("operator" if uid in self.operator_uids else "agent")
 
     def narrow(self, grant: Grant, header: str) -> Grant:
@@ -195,6 +200,10 @@ def _names(body: Mapping[str, Any], key: str) -> frozenset[str]:
 
 def parse_narrowing(header: str) -> Narrowing:
     """The narrowing a ``Capd-Grant`` header asks for; raise :class:`BadRequest`."""
+    if len(header) > MAX_GRANT_HEADER_BYTES:
+        raise BadRequest(f"Capd-Grant is {len(header)} bytes; at most "
+                         f"{MAX_GRANT_HEADER_BYTES} (name at most {MAX_GRANT_NAMES} "
+                         "capabilities and tags)")
     try:
         body = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
@@ -212,6 +221,9 @@ def parse_narrowing(header: str) -> Narrowing:
     if not isinstance(label, str):
         raise BadRequest("Capd-Grant: label must be a string")
     allow, tags = _names(body, "allow"), _names(body, "tags")
+    if len(allow) + len(tags) > MAX_GRANT_NAMES:
+        raise BadRequest(f"Capd-Grant names {len(allow) + len(tags)} capabilities and tags; "
+                         f"at most {MAX_GRANT_NAMES} (use a tag, or a profile in capd.toml)")
     if "allow" in body and not allow and not tags:
         raise BadRequest("Capd-Grant: an empty allow list would hide everything; name at "
                          "least one capability")

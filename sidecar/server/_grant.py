@@ -106,19 +106,30 @@ class Grant:
     def narrowed(self, narrowing: Narrowing) -> Grant:
         """This grant held to ``narrowing`` as well: an agent's, never wider.
 
-        Raises :class:`WideningRefused` when ``narrowing`` names another channel than
-        the one this caller is bound to.
+        Raises :class:`WideningRefused` when a caller ``[[peers]]`` binds names another
+        channel than its binding's (a binding without one fixes "no channel"): only a
+        caller no binding names says for itself where it speaks from.
         """
         channel = self.channel
-        if narrowing.channel is not None:
-            if self.bound and channel is not None and narrowing.channel != channel:
-                raise WideningRefused(
-                    f"this caller is bound to channel {channel!r}; it cannot speak from "
-                    f"{narrowing.channel!r}")
+        if narrowing.channel is not None and narrowing.channel != channel:
+            if self.bound:  # its binding says where it speaks from, channel or none
+                where = (f"channel {channel!r}" if channel is not None
+                         else "no channel (its [[peers]] entry names none)")
+                raise WideningRefused(f"this caller is bound to {where}; it cannot speak "
+                                      f"from {narrowing.channel!r}")
             channel = narrowing.channel
         if self.narrowing is not None:  # one narrowing per request: it never stacks
             raise WideningRefused("this grant is narrowed already")
         return replace(self, role="agent", narrowing=narrowing, channel=channel)
+
+    @property
+    def tag(self) -> str | None:
+        """What keeps this grant's names apart from its uid's other callers' (sessions,
+        idempotency keys, loop counts): None for an unlimited caller no binding names,
+        else ``agent`` and the profile's name."""
+        if not self.restricted and not self.bound:
+            return None
+        return "agent" if self.profile is None else f"agent.{self.profile.name}"
 
     def describe(self) -> str:
         """The grant in a few words, for refusals and the audit trail."""
@@ -145,11 +156,13 @@ def resolve(registry: Registry, name: str, grant: Grant) -> Capability:
     """
     try:
         cap = registry.get(name)
-    except UnknownCapability as exc:
+    except UnknownCapability:
         if not grant.restricted:
             raise
-        raise UnknownCapability(name, [
-            s for s in exc.suggestions if grant.allows(registry.get(s))]) from exc
-    if grant.restricted and not grant.allows(cap):
-        raise UnknownCapability(name, [])
+        cap = None
+    if grant.restricted and (cap is None or not grant.allows(cap)):
+        # Unknown and hidden alike: suggestions drawn from what the grant reaches only,
+        # the same work either way (no empty list, no timing, telling them apart).
+        raise UnknownCapability(name, registry.suggest(name, grant.allows)) from None
+    assert cap is not None
     return cap

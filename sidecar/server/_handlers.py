@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
 from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability
 
-from .._errors import BadRequest, ExportConflict, InvalidTimeout, UnknownProfile
+from .._errors import BadRequest, ExportConflict, Forbidden, InvalidTimeout, UnknownProfile
 from .._table import PROVIDER_FORMATS, command
 from .._views import (
     capsule,
@@ -122,7 +122,11 @@ async def health(ctx: Context) -> Reply:
         status = "fail"
         notes.append(f"daemon is {d.state}")
     failed = d.reloader.last_failure
-    if failed is not None:  # until the next good reload: the old registry is serving
+    if failed is not None and grant.restricted:  # the reason names files and lines
+        notes.append("the last reload failed; the registry before it keeps serving")
+        if status == "pass":
+            status = "warn"
+    elif failed is not None:  # until the next good reload: the old registry is serving
         if status == "pass":
             status = "warn"
         notes.append("the last reload failed; the registry before it keeps serving")
@@ -131,6 +135,9 @@ async def health(ctx: Context) -> Reply:
             "time": iso(failed.started_at),
         }]
     queue_status, queue_notes, queue_checks = await _queue_health(d)
+    if grant.restricted:  # every caller's jobs: the operator's to read, in capd queue
+        queue_checks = {k: v for k, v in queue_checks.items() if k == "queue:writable"}
+        queue_notes = [n for n in queue_notes if "cannot write" in n]
     checks.update(queue_checks)
     notes.extend(queue_notes)
     if queue_status == "fail":
@@ -332,7 +339,12 @@ async def export(ctx: Context) -> Reply:
                             " (capd export --format openai, or ?format=openai)"))
     profile = ctx.query.get("profile") or None
     policy = ctx.services.policy
-    if profile is not None and profile not in policy.profile_names:
+    grant = ctx.caller.grant
+    if profile is not None and grant.restricted:  # another's profile is not its to read
+        own = grant.profile.name if grant.profile is not None else None
+        if profile != own:
+            raise UnknownProfile(profile, [own] if own else [])
+    elif profile is not None and profile not in policy.profile_names:
         raise UnknownProfile(profile, list(policy.profile_names))
     snap = ctx.services.registry.snapshot()
     caps = list(snap.live.values())
@@ -366,6 +378,15 @@ _CALL_STATUS = {"success": 200, "partial": 200, "error_transient": 503, "error_p
 """The HTTP status of each result state (202 instead when the call was queued)."""
 
 
+def _scoped_key(ctx: Context) -> str | None:
+    """The ``Idempotency-Key``, in its caller's name space: an agent's keys (by uid and
+    grant) never meet another caller's, so none can claim, or learn of, another's job."""
+    key, tag = ctx.idempotency_key, ctx.caller.grant.tag
+    if key is None or tag is None or ctx.caller.uid is None:
+        return key
+    return f"{tag}:{ctx.caller.uid}:{key}"
+
+
 async def call(ctx: Context) -> Reply:
     """Dispatch a call; the HTTP status follows the result's state."""
     params = ctx.body if ctx.body is not None else {}
@@ -373,7 +394,7 @@ async def call(ctx: Context) -> Reply:
         raise BadRequest("the request body must be a JSON object of parameters")
     result = await ctx.services.gateway.dispatch(
         ctx.path["name"], params, ctx.caller, request_id=ctx.request_id,
-        idempotency_key=ctx.idempotency_key, timeout_s=_call_timeout(ctx),
+        idempotency_key=_scoped_key(ctx), timeout_s=_call_timeout(ctx),
         run_disabled=("capd-run-disabled" in ctx.headers
                       and _truth(ctx.headers["capd-run-disabled"],
                                  "the Capd-Run-Disabled header")),
@@ -397,43 +418,55 @@ async def call(ctx: Context) -> Reply:
     return Reply(status, encoded, headers=headers)
 
 
-def _tool_view(outcome: ToolRecheck) -> dict[str, Any]:
+def _tool_view(outcome: ToolRecheck, shown: Callable[[str], bool]) -> dict[str, Any]:
     return {
         "tool": outcome.tool,
         "ok": outcome.result.ok,
         "error": outcome.result.error,
         "probed": outcome.probed,
         "cooldown_left_s": round(outcome.cooldown_left_s, 3),
-        "restored": list(outcome.restored),
-        "disabled": list(outcome.disabled),
+        "restored": [n for n in outcome.restored if shown(n)],
+        "disabled": [n for n in outcome.disabled if shown(n)],
         "checked_at": outcome.result.checked_at,
     }
 
 
-def _capability_view(outcome: CapabilityRecheck) -> dict[str, Any]:
+def _capability_view(outcome: CapabilityRecheck,
+                     shown: Callable[[str], bool]) -> dict[str, Any]:
     return {
         "name": outcome.name,
         "state": "live" if outcome.live else "disabled",
         "missing": list(outcome.missing),
-        "restored": list(outcome.restored),
-        "tools": [_tool_view(t) for t in outcome.tools],
+        "restored": [n for n in outcome.restored if shown(n)],
+        "tools": [_tool_view(t, shown) for t in outcome.tools],
     }
+
+
+def _shown(ctx: Context) -> Callable[[str], bool]:
+    """Whether a capability named in an answer may be shown to the caller (its grant)."""
+    grant, registry = ctx.caller.grant, ctx.services.registry
+    if not grant.restricted:
+        return lambda _name: True
+    return lambda name: name in registry and grant.allows(registry.get(name))
 
 
 async def recheck(ctx: Context) -> Reply:
     """Re-probe a capability's missing tools (cooldown applies unless forced); an agent
-    only one inside its grant (anything else is unknown to it)."""
+    only one inside its grant (anything else is unknown to it), never forced, and it
+    hears only of the capabilities its grant reaches."""
     cap = resolve(ctx.services.registry, ctx.path["name"], ctx.caller.grant)
-    outcome = await ctx.services.rechecker.recheck_disabled_capability(
-        cap.name, force=_flag(ctx, "force")
-    )
-    return Reply(200, _capability_view(outcome))
+    force = _flag(ctx, "force")
+    if force and ctx.caller.grant.role != "operator":
+        raise Forbidden("recheck --force (past the probe cooldown) is for operators only; "
+                        "without it the last probe within the cooldown answers")
+    outcome = await ctx.services.rechecker.recheck_disabled_capability(cap.name, force=force)
+    return Reply(200, _capability_view(outcome, _shown(ctx)))
 
 
 async def recheck_tool(ctx: Context) -> Reply:
     """Re-probe one tool and restore every capability it unblocks."""
     outcome = await ctx.services.rechecker.recheck_tool(ctx.path["tool"], force=_flag(ctx, "force"))
-    return Reply(200, _tool_view(outcome))
+    return Reply(200, _tool_view(outcome, _shown(ctx)))
 
 
 async def reload(ctx: Context) -> Reply:

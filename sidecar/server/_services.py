@@ -55,10 +55,23 @@ class Caller:
 
     @property
     def loop_key(self) -> str | None:
-        """What loop detection counts by: the session, else the peer (uid and pid)."""
+        """What loop detection counts by: the session; else, for an agent, its uid and
+        grant (a new process starts no fresh count); else the peer (uid and pid)."""
         if self.session is not None:
             return self.session
-        return None if self.pid is None else f"peer:{self.uid}:{self.pid}"
+        if self.pid is None:
+            return None
+        tag = self.grant.tag
+        return f"peer:{self.uid}:{self.pid}" if tag is None else f"{tag}:{self.uid}"
+
+    @property
+    def agent_key(self) -> str | None:
+        """For an agent in a session, the count its sessions share (uid and grant), so
+        making up a new session name starts no fresh count; None otherwise."""
+        tag = self.grant.tag
+        if tag is None or self.session is None or self.uid is None:
+            return None
+        return f"{tag}:{self.uid}"
 
 
 @dataclass

@@ -170,6 +170,9 @@ class Consent:
         return await rest(call)
 
 
+_WORSE = {"allow": 0, "warn": 1, "block": 2}
+
+
 class Loops:
     """Count the call in its caller's session (or, without one, its peer's) and refuse a
     loop; warn on a repeat or on a read answering the same again."""
@@ -194,6 +197,11 @@ class Loops:
             return await rest(call)
         warnings: list[str] = []
         verdict = loops.before(key, cap.name, call.raw)
+        shared = caller.agent_key
+        if shared is not None:  # an agent's sessions also count together
+            across = loops.before(shared, cap.name, call.raw)
+            if _WORSE[across.decision] > _WORSE[verdict.decision]:
+                verdict = across
         if verdict.decision == "block":
             return self._answers.refuse(call, self.kind, "loop_detected",
                                         verdict.message or "loop detected"), None
@@ -207,8 +215,12 @@ class Loops:
         # "No progress" is a read answering the same again: a write acknowledging each
         # time with the same constant (or nothing) is not a loop.
         if not cap.mutates_state and result.result not in (None, "", [], {}):
-            verdict = loops.after(key, cap.name,
-                                  [result.status, result.error_type, result.result])
+            answer = [result.status, result.error_type, result.result]
+            verdict = loops.after(key, cap.name, answer)
+            if shared is not None:
+                across = loops.after(shared, cap.name, answer)
+                if _WORSE[across.decision] > _WORSE[verdict.decision]:
+                    verdict = across
             if verdict.message:
                 policy.note(self.kind, verdict.decision, capability=cap.name, caller=caller,
                             reason=verdict.message, request_id=call.request_id)
