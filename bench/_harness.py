@@ -10,19 +10,15 @@
   is the CPU a process and its children have used (to show that a server was
   saturated, and that the load generator was not).
 
-Placement. On a machine with two or more cores the server under test and the
-load generator share its last core, whatever the server is (one process, or a
-Rust runtime with threads): every server gets the same one core, and the
-generator's share of it is reported beside each figure (the C generator needs
-a few microseconds a request). They share a core rather than sit on two because
-on a virtual machine whose idle vCPUs halt (this one: cpuidle haltpoll with no
-poll window), every cross-core wake-up costs a vCPU wake: measured here, a
-uvicorn app on core 1 driven from core 0 answered 12-28k calls/s with a p99 near
-10 ms, the same app sharing core 1 with the generator 38k with a p99 of 1.4 ms,
-and unpinned processes landed on one core anyway. The other cores are left to
-everything else on the machine, which the scheduler moves there; what it still
-takes while a figure is measured is reported as foreign CPU. The server and the
-generator run at nice -10 where allowed, so that other work yields that core.
+Placement. On a machine with two or more cores the server under test runs on
+the last core and the load generator on the first, each process on a core of its
+own: sharing one core would take the generator's time out of the server's, and
+tax most the server that answers fastest (the one that asks the generator for
+the most requests). Every server gets the same core; the other core is the
+generator's. Cross-core wake-ups cost latency on a virtual machine whose idle
+vCPUs halt, and they cost every server alike; what other work still takes of the
+server's core while a figure is measured is reported as foreign CPU. The server
+and the generator run at nice -10 where allowed, so that other work yields.
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CPUS = os.cpu_count() or 1
 SERVER_CPUS = {CPUS - 1} if CPUS >= 2 else None
-GENERATOR_CPUS = SERVER_CPUS
+GENERATOR_CPUS = {0} if CPUS >= 2 else None
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 

@@ -9,10 +9,9 @@ hash). Where no C compiler works it falls back to a multi-process Python
 generator (raw sockets on uvloop, pre-built request bytes); :data:`KIND` says
 which one is in use, and every figure of a run comes from the same one.
 
-The generator runs pinned to the bench core, beside the server (see
-``_harness`` for why they share one); its own CPU use over the measured window
-is reported as ``generator_cpu_pct``, the share of that core the server did not
-get.
+The generator runs pinned to a core of its own, the server to another (see
+``_harness``); its own CPU use over the measured window is reported as
+``generator_cpu_pct`` (of its core), which shows that it was not the limit.
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ with no policy at all, one with the whole policy pipeline on (a before-hook and
 an after-hook on every call, the capability behind a consent grant, loop
 detection counting every call of a session, each client connection its own
 session, thresholds out of reach so nothing is refused). All are driven by the
-one load generator of the bench (bench/loadgen.c, see _loadgen.py), pinned with
-each server to the bench core (see _harness.py), with 1 and 32 concurrent
-connections, in interleaved rounds of a fixed time each. Prints the median
+one load generator of the bench (bench/loadgen.c, see _loadgen.py), on a core of
+its own, each server on the bench core (see _harness.py), with 1 and 32 concurrent
+connections, in interleaved rounds of a fixed time each; with ``--before PATH``
+(an export of an older commit) a no-policy daemon of that code runs in the same
+rounds, so "no policy" is compared with what it was in the same run. Prints the median
 calls/s with the spread over rounds, p50/p99 of the median round, and the
 ratios capd / bare and policy / no policy. Then the added latency of an
 upstream MCP tool through capd against the SDK client straight to the same
@@ -17,7 +19,7 @@ reloads whose probes take 2 s run back to back.
 
 bench/peers.py sets capd beside the other Python HTTP stacks.
 
-    python bench/dispatch.py [--seconds 2] [--rounds 3] [--results FILE]
+    python bench/dispatch.py [--seconds 2] [--rounds 3] [--results FILE] [--before PATH]
 """
 
 from __future__ import annotations
@@ -214,6 +216,7 @@ def upstream_rows(sock: str, calls: int, rounds: int) -> tuple[list[float], list
 BARE = "bare aiohttp (baseline)"
 PLAIN = "capd POST /call, no policy"
 GUARDED = "capd POST /call, full policy"
+BEFORE = "capd before (--before), no policy"
 
 
 def main() -> None:
@@ -223,6 +226,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument("--before", type=Path, default=None,
+                        help="an older checkout: its no-policy daemon runs in the same rounds")
     args = parser.parse_args()
     results = Results(args.results)
     tmp = Path(tempfile.mkdtemp(prefix="capd-bench-", dir="/tmp"))
@@ -240,6 +245,11 @@ def main() -> None:
         started.append(guarded)
         bare = start_peer("aiohttp", tmp / "bare")
         started.append(bare)
+        before = None
+        if args.before is not None:
+            before = start_capd(tmp / "before", pack=PACK, caps=CAPS,
+                                config=CONFIG + NO_POLICY, env=env, root=args.before)
+            started.append(before)
         grant = request(Path(guarded.sock), "POST", "/consent",
                         body={"operations": ["bench.run"], "ttl": "1d"})
         if grant.status != 200:
@@ -248,7 +258,8 @@ def main() -> None:
               f"rounds of {args.seconds:g} s (+0.5 s warm-up) per figure, over the Unix socket")
         print(f"{'server':<34}{'clients':>8}{'calls/s':>10}{'min-max':>16}{'p50 µs':>9}"
               f"{'p99 µs':>9}")
-        servers = ((BARE, bare, False), (PLAIN, plain, False), (GUARDED, guarded, True))
+        servers = ((BARE, bare, False), (PLAIN, plain, False), (GUARDED, guarded, True),
+                   *(((BEFORE, before, False),) if before is not None else ()))
         runs: dict[tuple[str, int], list[Load]] = {}
         for clients in (1, 32):
             for _ in range(args.rounds):
@@ -284,6 +295,13 @@ def main() -> None:
             results.add("policy", f"{GUARDED}, {clients} conn", rates(GUARDED, clients),
                         "calls/s", against=PLAIN, against_values=rates(PLAIN, clients),
                         note="2 hooks, consent, loop detection per session")
+            if before is not None:
+                before_rps = statistics.median(rates(BEFORE, clients))
+                print(f"{clients:>2} client(s): no policy now / before "
+                      f"{plain_rps / before_rps:.2f}")
+                results.add("policy", f"{PLAIN}, {clients} conn, now vs before",
+                            rates(PLAIN, clients), "calls/s", against=BEFORE,
+                            against_values=rates(BEFORE, clients), note=str(args.before))
         pin(SERVER_CPUS)  # the client beside the servers, as the generator was
         capd_p50, sdk_p50 = upstream_rows(plain.sock, 200, args.rounds)
         capd_mid, sdk_mid = statistics.median(capd_p50), statistics.median(sdk_p50)

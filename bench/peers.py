@@ -1,7 +1,7 @@
 """capd's `POST /call` beside the best Python HTTP stacks, all on a Unix socket, one generator.
 
-Servers, each started once; each runs pinned to the bench core together with the
-load generator (see _harness.py for why they share one core):
+Servers, each started once; each runs pinned to the bench core, the load generator
+to another core of its own (see _harness.py):
 
 - raw asyncio Protocol on uvloop: the ceiling (parses only the head's end and
   Content-Length, answers canned bytes); it also checks the generator: if the
@@ -213,7 +213,7 @@ def main() -> None:
               f"{top:.0f} calls/s, {top / statistics.median(r.rps for r, _, _ in capd_runs):.1f}"
               f"x capd's rate, spending {gen_us:.1f} µs of CPU a call (at capd's rate: "
               f"{statistics.median(r.generator_cpu_pct for r, _, _ in capd_runs):.0f} % of "
-              "the shared core)")
+              "its own core)")
         results.add("dispatch", f"generator check: raw ceiling / capd async op, {conns} conn",
                     [r.rps for r, _, _ in ceiling], "calls/s",
                     against="capd POST /call, async def op",

@@ -103,23 +103,30 @@ class LoopDetector:
 
     def before(self, session: str | None, capability: str, params: Any) -> LoopVerdict:
         """Count a call about to run; the verdict for it."""
-        if not self.checks(session):
+        p = self.policy
+        if not p.enabled or (session is None and not p.anonymous):
             return ALLOW
         key = session or "(anonymous)"
         now = self._clock()
         state = self._session(key)
-        self._prune(state, now)
+        recent, minute_calls = state.recent, state.minute
+        # forget what left the window (and what is past the bound), oldest first
+        while recent and (now - recent[0][0] > p.window_s or len(recent) >= MAX_CALLS_KEPT):
+            self._forget_recent(state)
+        while minute_calls and (now - minute_calls[0][0] > 60.0
+                                or len(minute_calls) >= MAX_CALLS_KEPT):
+            self._forget_minute(state)
         call_key = (capability, fingerprint(params))
-        state.recent.append((now, call_key))
-        state.same[call_key] += 1
-        state.minute.append((now, capability))
-        state.per_cap[capability] += 1
+        recent.append((now, call_key))
+        minute_calls.append((now, capability))
+        same = state.same[call_key] = state.same.get(call_key, 0) + 1
+        minute = state.per_cap[capability] = state.per_cap.get(capability, 0) + 1
         state.last_call = now
-        self._trim(state)
-        same = state.same[call_key]
-        minute = state.per_cap[capability]
+        if same < p.warn_at and minute <= p.per_minute_warn:
+            previous = state.streaks.get(capability)  # the common case: nothing to say
+            if previous is None or previous[1] + 1 < p.block_at:
+                return ALLOW
         streak = self._streak(state, capability, now)
-        p = self.policy
         window = f"{p.window_s:g} s"
         if same >= p.block_at:
             return LoopVerdict("block", "repeat", (
