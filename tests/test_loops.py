@@ -102,3 +102,19 @@ def test_sessions_are_bounded() -> None:
     for i in range(10):
         loops.before(f"s{i}", "c.x", {})
     assert [s["session"] for s in loops.sessions()] == ["s9", "s8", "s7"]
+
+
+def test_state_is_bounded_whatever_the_rate() -> None:
+    """Thousands of calls a second in one session keep at most 1,024 times per distinct
+    call and 256 distinct calls; frequency is kept as per-second counts."""
+    loops, clock = detector(warn_at=10**8, block_at=10**8 + 1, per_minute_warn=10**8,
+                            per_minute_block=10**8 + 1)
+    for i in range(20_000):
+        loops.before("s", "c.x", {} if i % 2 else {"i": i % 1000})
+        clock.now += 0.001
+    state = loops._sessions["s"]
+    assert len(state.repeats) <= 256
+    assert max(len(t) for t in state.repeats.values()) <= 1024
+    assert len(state.per_cap["c.x"].buckets) <= 61
+    listed = loops.sessions()[0]
+    assert listed["calls_last_minute"] == 20_000

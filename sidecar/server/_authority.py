@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from .._errors import BadRequest
-from ._grant import Grant, Narrowing, Profile, WideningRefused
+from ._grant import OPERATOR, Grant, Narrowing, Profile, WideningRefused
 from ._services import Caller
 
 _CRED = struct.Struct("3i")
@@ -168,7 +168,9 @@ class Authority:
         if not admitted:
             return ("this uid may not use the capd socket; ask the operator to add it to "
                     "allow_uids or allow_gids")
-        return Grant("operator" if uid in self.operator_uids else "agent")
+        # The operator's grant is the one object a peer starts with: its requests need no
+        # Caller of their own (the connection's serves).
+        return OPERATOR if uid in self.operator_uids else Grant("agent")
 
     def narrow(self, grant: Grant, header: str) -> Grant:
         """``grant`` held to what the ``Capd-Grant`` header asks.

@@ -220,8 +220,9 @@ class Gateway:
                    if timeout_s is not None or run_disabled else PLAIN)
         self.in_flight += 1
         try:
-            result, running = await self.run(Call(cap, model, params, caller, request_id,
-                                                  self._clock(), registry, policy, options))
+            chain = self._chain(cap, caller.grant, policy)
+            result, running = await chain(Call(cap, model, params, caller, request_id,
+                                               self._clock(), registry, policy, options))
         finally:
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:

@@ -21,7 +21,7 @@ This module imports nothing of the sidecar but the registry's model.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from capd.registry import Capability, Registry, UnknownCapability
@@ -86,12 +86,12 @@ class Grant:
     narrowing: Narrowing | None = None
     channel: str | None = None
     bound: bool = False  # a [[peers]] entry named this caller
+    # Whether some capability is outside this grant (decided once: every call asks).
+    restricted: bool = field(init=False, compare=False)
 
-    @property
-    def restricted(self) -> bool:
-        """Whether some capability is outside this grant."""
-        return self.profile is not None or (self.narrowing is not None
-                                            and self.narrowing.limits)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "restricted", self.profile is not None or (
+            self.narrowing is not None and self.narrowing.limits))
 
     def allows(self, cap: Capability) -> bool:
         """Whether ``cap`` is inside this grant (seen, suggested, called)."""
@@ -154,13 +154,13 @@ def resolve(registry: Registry, name: str, grant: Grant) -> Capability:
     way, for one outside the grant: the caller learns nothing of what is hidden,
     not even its canonical name; suggestions are only what it may see.
     """
+    if not grant.restricted:  # the common case: the registry's answer as it is
+        return registry.get(name)
     try:
         cap = registry.get(name)
     except UnknownCapability:
-        if not grant.restricted:
-            raise
         cap = None
-    if grant.restricted and (cap is None or not grant.allows(cap)):
+    if cap is None or not grant.allows(cap):
         # Unknown and hidden alike: suggestions drawn from what the grant reaches only,
         # the same work either way (no empty list, no timing, telling them apart).
         raise UnknownCapability(name, registry.suggest(name, grant.allows)) from None

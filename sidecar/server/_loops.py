@@ -13,9 +13,12 @@ pid, so dropping the header escapes nothing) within a sliding window:
 Below ``warn_at`` a call is allowed; from ``warn_at`` it carries a warning; from
 ``block_at`` it is refused. Every call is counted, refused ones too, so an
 agent that keeps hammering stays refused until the window has passed (or an
-operator resets its session). State is bounded: at most ``max_sessions``
-sessions (the one idle longest is forgotten first), each holding at most the
-calls of one window.
+operator resets its session). State is bounded whatever the call rate: at most
+``max_sessions`` sessions (the one idle longest is forgotten first), each
+holding the times of at most 256 distinct calls (each up to ``block_at`` + 1
+times within the window, 64 at least and 1,024 at most: a ``block_at`` above
+that is never reached) and per-second counts of the last minute: frequency is
+counted by the second.
 """
 
 from __future__ import annotations
@@ -69,20 +72,50 @@ def fingerprint(value: Any) -> bytes:
     return raw if len(raw) <= 32 else hashlib.blake2b(raw, digest_size=16).digest()
 
 
-MAX_CALLS_KEPT = 10_000  # per session and window: the oldest are forgotten past this
+MAX_TIMES_PER_CALL = 1024  # times kept per (capability, parameters): a repeat count stops there
+MAX_CALLS_PER_SESSION = 256  # distinct (capability, parameters) kept per session
+
+
+class _Seconds:
+    """Calls counted by the second over a sliding span: at most ``span_s`` buckets."""
+
+    __slots__ = ("buckets", "span_s", "total")
+
+    def __init__(self, span_s: float) -> None:
+        self.buckets: collections.deque[list[int]] = collections.deque()  # [second, calls]
+        self.span_s = span_s
+        self.total = 0
+
+    def count(self, now: float, add: int = 0) -> int:
+        """Calls in the span ending ``now`` (after adding ``add`` at ``now``)."""
+        second = int(now)
+        buckets = self.buckets
+        oldest = second - self.span_s  # a bucket this old or older has left the span
+        while buckets and buckets[0][0] <= oldest:
+            self.total -= buckets.popleft()[1]
+        if add:
+            if buckets and buckets[-1][0] == second:
+                buckets[-1][1] += add
+            else:
+                buckets.append([second, add])
+            self.total += add
+        return self.total
 
 
 @dataclass
 class _Session:
-    """One session's counts, kept incrementally: every check is O(1) amortised."""
+    """One session's counts, bounded whatever the call rate: the times of each repeated
+    call (at most MAX_TIMES_PER_CALL, for at most MAX_CALLS_PER_SESSION distinct calls,
+    least recently called forgotten first) and per-second counts for the rest."""
 
-    # (time, (capability, params fingerprint)) within window_s, and their counts
-    recent: collections.deque[tuple[float, tuple[str, bytes]]] = field(
-        default_factory=collections.deque)
-    same: collections.Counter[tuple[str, bytes]] = field(default_factory=collections.Counter)
-    # (time, capability) within the last minute, and their counts
-    minute: collections.deque[tuple[float, str]] = field(default_factory=collections.deque)
-    per_cap: collections.Counter[str] = field(default_factory=collections.Counter)
+    # (capability, params fingerprint) -> its call times within window_s, oldest first
+    repeats: collections.OrderedDict[tuple[str, bytes], collections.deque[float]] = field(
+        default_factory=collections.OrderedDict)
+    # capability -> its calls in the last minute, by the second
+    per_cap: dict[str, _Seconds] = field(default_factory=dict)
+    # every call, by the second: in the window, and in the last minute (for the listing)
+    in_window: _Seconds = field(default_factory=lambda: _Seconds(60.0))
+    in_minute: _Seconds = field(default_factory=lambda: _Seconds(60.0))
     # capability -> (result fingerprint, identical answers in a row, time of the last)
     streaks: dict[str, tuple[bytes, int, float]] = field(default_factory=dict)
     last_call: float = 0.0
@@ -109,29 +142,42 @@ class LoopDetector:
         key = session or "(anonymous)"
         now = self._clock()
         state = self._session(key)
-        recent, minute_calls = state.recent, state.minute
-        # forget what left the window (and what is past the bound), oldest first
-        while recent and (now - recent[0][0] > p.window_s or len(recent) >= MAX_CALLS_KEPT):
-            self._forget_recent(state)
-        while minute_calls and (now - minute_calls[0][0] > 60.0
-                                or len(minute_calls) >= MAX_CALLS_KEPT):
-            self._forget_minute(state)
+        window = p.window_s
+        repeats = state.repeats
+        # forget the calls whose last time left the window (least recently called first)
+        while repeats:
+            first = next(iter(repeats.values()))
+            if now - first[-1] <= window and len(repeats) < MAX_CALLS_PER_SESSION:
+                break
+            repeats.popitem(last=False)
         call_key = (capability, fingerprint(params))
-        recent.append((now, call_key))
-        minute_calls.append((now, capability))
-        same = state.same[call_key] = state.same.get(call_key, 0) + 1
-        minute = state.per_cap[capability] = state.per_cap.get(capability, 0) + 1
+        times = repeats.get(call_key)
+        if times is None:
+            times = repeats[call_key] = collections.deque(
+                maxlen=min(MAX_TIMES_PER_CALL, max(64, p.block_at + 1)))
+        else:
+            repeats.move_to_end(call_key)
+            while times and now - times[0] > window:
+                times.popleft()
+        times.append(now)
+        same = len(times)
+        counter = state.per_cap.get(capability)
+        if counter is None:
+            counter = state.per_cap[capability] = _Seconds(60.0)
+        minute = counter.count(now, 1)
+        state.in_window.count(now, 1)
+        state.in_minute.count(now, 1)
         state.last_call = now
         if same < p.warn_at and minute <= p.per_minute_warn:
             previous = state.streaks.get(capability)  # the common case: nothing to say
             if previous is None or previous[1] + 1 < p.block_at:
                 return ALLOW
         streak = self._streak(state, capability, now)
-        window = f"{p.window_s:g} s"
+        span = f"{window:g} s"
         if same >= p.block_at:
             return LoopVerdict("block", "repeat", (
                 f"{capability} was called {same} times with the same parameters within "
-                f"{window} in session {key}: this is a loop. Do not call it again with these "
+                f"{span} in session {key}: this is a loop. Do not call it again with these "
                 "parameters; change them, use another capability, or ask the user."))
         if streak + 1 >= p.block_at:
             return LoopVerdict("block", "no_progress", (
@@ -144,7 +190,7 @@ class LoopDetector:
                 f"(limit {p.per_minute_block}): slow down or change approach."))
         if same >= p.warn_at:
             return LoopVerdict("warn", "repeat", (
-                f"{capability} called {same} times with the same parameters within {window}; "
+                f"{capability} called {same} times with the same parameters within {span}; "
                 f"call {p.block_at} will be refused as a loop"))
         if minute > p.per_minute_warn:
             return LoopVerdict("warn", "frequency", (
@@ -177,52 +223,25 @@ class LoopDetector:
         return self._sessions.pop(session, None) is not None
 
     def sessions(self) -> list[dict[str, Any]]:
-        """The sessions being tracked, the one active last first."""
+        """The sessions being tracked, the one active last first (calls counted by the
+        second)."""
         now = self._clock()
         out = []
         for name, state in reversed(self._sessions.items()):
-            self._prune(state, now)
-            out.append({"session": name, "calls_in_window": len(state.recent),
-                        "calls_last_minute": len(state.minute),
+            out.append({"session": name, "calls_in_window": state.in_window.count(now),
+                        "calls_last_minute": state.in_minute.count(now),
                         "last_call_age_s": round(now - state.last_call, 3)})
         return out
 
     def _session(self, key: str) -> _Session:
         state = self._sessions.get(key)
         if state is None:
-            state = self._sessions[key] = _Session()
+            state = self._sessions[key] = _Session(in_window=_Seconds(self.policy.window_s))
             while len(self._sessions) > self.policy.max_sessions:
                 self._sessions.popitem(last=False)
         else:
             self._sessions.move_to_end(key)
         return state
-
-    def _prune(self, state: _Session, now: float) -> None:
-        window = self.policy.window_s
-        while state.recent and now - state.recent[0][0] > window:
-            self._forget_recent(state)
-        while state.minute and now - state.minute[0][0] > 60.0:
-            self._forget_minute(state)
-
-    def _trim(self, state: _Session) -> None:
-        while len(state.recent) > MAX_CALLS_KEPT:
-            self._forget_recent(state)
-        while len(state.minute) > MAX_CALLS_KEPT:
-            self._forget_minute(state)
-
-    @staticmethod
-    def _forget_recent(state: _Session) -> None:
-        _, key = state.recent.popleft()
-        state.same[key] -= 1
-        if not state.same[key]:
-            del state.same[key]
-
-    @staticmethod
-    def _forget_minute(state: _Session) -> None:
-        _, cap = state.minute.popleft()
-        state.per_cap[cap] -= 1
-        if not state.per_cap[cap]:
-            del state.per_cap[cap]
 
     def _streak(self, state: _Session, capability: str, now: float) -> int:
         previous = state.streaks.get(capability)
