@@ -154,6 +154,10 @@ class McpProbe(_ProbeSpec):
     include: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
     call_timeout_s: float = Field(30.0, gt=0, le=3600)
+    ping_timeout_s: float = Field(
+        5.0, gt=0, le=60, description="A ping (the probe of a held session, and the check "
+        "after a call timed out) missing this deadline means the server is stalled: it is "
+        "stopped and started again.")
     retry_policy: RetryPolicy = Field(
         "manual", description="For the upstream's mutating tools.")
     direct: bool = Field(False, description="An agent's runtime reaches this server itself.")

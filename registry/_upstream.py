@@ -6,9 +6,18 @@ holds one session per server (a task owns it: the SDK's transports must be
 entered and left in one task), opens it with the handshake (initialize +
 tools/list within ``timeout_s``), pings it as its probe, reconnects on the next
 probe after it is lost (the back-off is the re-probe cooldown and interval), and
-calls tools under ``call_timeout_s``. A server's ``notifications/tools/list_changed``
-calls ``on_tools_changed`` (the daemon reloads, and the new list becomes the new
-capabilities).
+calls tools under ``call_timeout_s``.
+
+Stalls. A ping has a deadline of its own (``ping_timeout_s``, 5 s). A call
+that gets no answer within ``call_timeout_s`` has the server pinged at once: a
+server that answers is slow, and the call fails as transient (the SDK has
+asked the server to cancel it); one that does not answer is stalled (a blocked
+loop, SIGSTOP), and its session is torn down — a stdio server's process group is
+killed by the SDK's escalation, SIGKILL last — so the call is ``tool_unavailable``,
+the server is down, and the next probe starts it again: it heals with no reload.
+
+A server's ``notifications/tools/list_changed`` calls ``on_tools_changed`` (the
+daemon reloads, and the new list becomes the new capabilities).
 
 Every tool the server lists (through ``include``/``exclude`` globs) becomes a
 capability ``<prefix>.<tool>`` requiring the server's tool id: the upstream's
@@ -34,7 +43,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ._model import DESCRIPTION_MAX_TOKENS, Capability, McpProbe, Safety, estimate_tokens
-from ._outcomes import PermanentToolError, ToolUnavailable
+from ._outcomes import PermanentToolError, ToolUnavailable, TransientToolError
 
 if TYPE_CHECKING:  # the SDK's types and jsonschema are imported when an upstream is used
     import mcp_types as types
@@ -47,6 +56,11 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 class UpstreamError(Exception):
     """The server could not be reached or did not complete the handshake."""
+
+
+DROP_WAIT_S = 15.0
+"""How long a teardown waits for the SDK to stop a server (stdin closed, 2 s, SIGTERM to
+its process group, 2 s, SIGKILL) before it cancels the session's task."""
 
 
 class Upstream:
@@ -63,6 +77,8 @@ class Upstream:
         self._stop: asyncio.Event | None = None
         self._lock = asyncio.Lock()
         self._stale = False  # the server said its list changed: list again before use
+        self._teardowns: set[asyncio.Task[None]] = set()  # stalled sessions being closed
+        self._holding: asyncio.Task[None] | None = None  # the task waiting on its stop
 
     @property
     def connected(self) -> bool:
@@ -96,15 +112,30 @@ class Upstream:
             return self.tools
 
     async def probe(self) -> None:
-        """The probe: the handshake when there is no session, else a ping."""
+        """The probe: the handshake when there is no session, else a ping under its own
+        deadline; a session that misses it is torn down (and started again next time)."""
         if not self.connected:
             await self.ensure()
             return
-        try:
-            await self._session.send_ping()
-        except Exception as exc:
+        problem = await self._ping()
+        if problem is not None:
             await self._drop()
-            raise UpstreamError(f"the session was lost ({type(exc).__name__}: {exc})") from exc
+            raise UpstreamError(problem)
+
+    async def _ping(self) -> str | None:
+        """None when the server answers a ping in time, else what went wrong."""
+        session = self._session
+        if session is None:
+            return "the session was lost"
+        try:
+            async with asyncio.timeout(self.spec.ping_timeout_s):
+                await session.send_ping()
+        except TimeoutError:
+            return (f"it did not answer a ping within {self.spec.ping_timeout_s:g}s (stalled); "
+                    "its session is torn down and the server started again")
+        except Exception as exc:
+            return f"the session was lost ({type(exc).__name__}: {exc})"
+        return None
 
     async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """Call one of the server's tools; raise :class:`ToolUnavailable` when it is gone."""
@@ -120,6 +151,8 @@ class Upstream:
             raise ToolUnavailable(f"MCP server {self.tool_id} went away "
                                   f"({type(exc).__name__}: {exc})", tool=self.tool_id) from exc
         except Exception as exc:
+            if _timed_out(exc):
+                raise await self._after_timeout(name) from exc
             if not self.connected or _looks_closed(exc):
                 await self._drop()
                 raise ToolUnavailable(f"MCP server {self.tool_id} went away "
@@ -128,10 +161,43 @@ class Upstream:
             raise
         return result
 
+    async def _after_timeout(self, name: str) -> Exception:
+        """What a call that got no answer in time raises: a transient timeout when the
+        server still answers a ping (slow), :class:`ToolUnavailable` when it does not
+        (stalled: the session is torn down in the background, the server marked down)."""
+        waited = f"{self.spec.call_timeout_s:g}s"
+        problem = await self._ping()
+        if problem is None:
+            return TransientToolError(
+                f"MCP server {self.tool_id} did not answer {name} within {waited} "
+                "(call_timeout_s); it was asked to cancel the call")
+        log.warning("upstream_stalled", tool=self.tool_id, tool_name=name, problem=problem)
+        self._tear_down()
+        return ToolUnavailable(f"MCP server {self.tool_id} did not answer {name} within "
+                               f"{waited}, and {problem}", tool=self.tool_id)
+
+    def _tear_down(self) -> None:
+        """Close the session in a task of this upstream's own (the caller does not wait
+        out the SDK's kill escalation); the session is gone for callers at once."""
+        task = asyncio.get_running_loop().create_task(
+            self._drop(), name=f"capd-upstream-teardown-{self.tool_id}")
+        self._session = None
+        self._teardowns.add(task)
+        task.add_done_callback(self._teardown_done)
+
+    def _teardown_done(self, task: asyncio.Task[None]) -> None:
+        self._teardowns.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("upstream_teardown_failed", tool=self.tool_id,
+                        error=repr(task.exception()))
+
     async def close(self) -> None:
-        """Leave the session (a stdio server's process ends with it)."""
+        """Leave the session (a stdio server's process ends with it), and wait for the
+        teardowns of stalled ones."""
         async with self._lock:
             await self._drop()
+        if self._teardowns:
+            await asyncio.gather(*self._teardowns, return_exceptions=True)
 
     async def _drop(self) -> None:
         task, stop = self._task, self._stop
@@ -141,8 +207,10 @@ class Upstream:
             return
         if stop is not None:
             stop.set()
+        if task is not self._holding:  # still in its handshake: nothing waits on stop
+            task.cancel()
         try:
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(DROP_WAIT_S):
                 await asyncio.wait([task])
         except TimeoutError:
             task.cancel()
@@ -176,6 +244,7 @@ class Upstream:
                 if not ready.done():
                     ready.set_result(tools)
                 log.info("upstream_connected", tool=self.tool_id, tools=len(tools))
+                self._holding = asyncio.current_task()
                 await stop.wait()
         except BaseException as exc:  # every failure is the handshake's (or the session's)
             if not ready.done():
@@ -193,6 +262,14 @@ class Upstream:
             log.info("upstream_tools_changed", tool=self.tool_id)
             self._stale = True
             self._on_tools_changed(self.tool_id)
+
+
+def _timed_out(exc: Exception) -> bool:
+    """The SDK's "the request timed out" (its read timeout, ``call_timeout_s``)."""
+    import mcp_types as types
+
+    error = getattr(exc, "error", None)
+    return getattr(error, "code", None) == types.REQUEST_TIMEOUT
 
 
 def _looks_closed(exc: Exception) -> bool:
@@ -368,7 +445,8 @@ def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.To
             retry_policy=spec.retry_policy if not read_only else "manual",
             tags=(*spec.tags, "mcp", tool_id),
             latency_class="outer" if spec.url else "inner",
-            timeout_s=spec.call_timeout_s,
+            # the SDK's read timeout decides first; the stall ping has its time after it
+            timeout_s=min(3600.0, spec.call_timeout_s + spec.ping_timeout_s + 1),
             op_id=f"mcp:{tool_id}:{tool.name}",
             source=source,
         ))

@@ -210,3 +210,78 @@ def test_tools_list_changed_is_followed_and_upstreams_answer_through_capd_mcp(
 
     answer = asyncio.run(through_bridge())
     assert (answer["status"], answer["result"]["timezone"]) == ("success", "UTC")
+
+
+STALLER = '''
+import asyncio
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("staller")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Answer the text back."""
+    return text
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Sleep, then answer."""
+    await asyncio.sleep(seconds)
+    return "late"
+
+
+server.run("stdio")
+'''
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not been reaped or turned zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_call_past_call_timeout_is_transient_and_a_stalled_server_is_restarted(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """A slow tool answers a transient error past call_timeout_s (the server still pings);
+    a SIGSTOPped server misses its ping, is killed and started again, with no reload."""
+    script = short_tmp / "staller.py"
+    script.write_text(STALLER)
+    daemon = up(textwrap.dedent(f"""
+        [tools.stall_mcp]
+        kind = "mcp"
+        command = ["{PY}", "{script}"]
+        timeout_s = 30
+        call_timeout_s = 1
+        ping_timeout_s = 2
+    """))
+    slow = daemon.call("POST", "/call/stall_mcp.slow", {"seconds": 5})
+    # no readOnlyHint: a write, so the transient failure is queued (manual: parked)
+    assert slow.status == 202, slow.body
+    assert (slow.body["status"], slow.body["error_type"]) == ("error_transient", "transient")
+    assert daemon.call("GET", f"/queue/{slow.body['queued']}").body["state"] == \
+        "needs_operator"
+    assert "did not answer slow within 1s" in slow.body["message"]
+    assert "asked to cancel" in slow.body["message"]
+    echo = daemon.call("POST", "/call/stall_mcp.echo", {"text": "still here"})
+    assert (echo.status, echo.body["result"]) == (200, {"result": "still here"})
+
+    stalled = server_pid(daemon, str(script))
+    os.kill(stalled, signal.SIGSTOP)
+    try:
+        down = daemon.call("POST", "/call/stall_mcp.echo", {"text": "hello?"})
+        assert down.status in (202, 503), down.body
+        assert down.body["error_type"] in ("tool_unavailable", "capability_disabled")
+        daemon.wait_until(lambda: not _alive(stalled), timeout=30)
+        daemon.wait_until(lambda: daemon.call("POST", "/call/stall_mcp.echo",
+                                              {"text": "back"}).status == 200, timeout=30)
+        assert server_pid(daemon, str(script)) != stalled
+        assert daemon.call("GET", "/status").body["reload"]["count"] == 0
+    finally:
+        if _alive(stalled):
+            os.kill(stalled, signal.SIGKILL)
