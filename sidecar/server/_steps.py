@@ -100,15 +100,19 @@ def _with_warnings(outcome: Outcome, warnings: list[str]) -> Outcome:
     return result.model_copy(update={"warnings": [*result.warnings, *warnings]}), running
 
 
-class Authorize:
+class _Step:
+    """What every step holds: the gateway's answers (refusing, running a fallback)."""
+
+    def __init__(self, answers: Answers) -> None:
+        self._answers = answers
+
+
+class Authorize(_Step):
     """Refuse a capability outside the caller's grant. Every way in checks the grant
     before a call is made (an outside name is unknown to the caller); this step keeps
     the chain itself closed for any call that would slip past that."""
 
     kind = "grant"
-
-    def __init__(self, answers: Answers) -> None:
-        self._answers = answers
 
     def applies(self, cap: Capability, grant: Grant, policy: Policy) -> bool:
         return grant.restricted
@@ -121,13 +125,10 @@ class Authorize:
         return await rest(call)
 
 
-class Channel:
+class Channel(_Step):
     """Run a capability that declares ``channels`` only for a caller speaking from one."""
 
     kind = "channel"
-
-    def __init__(self, answers: Answers) -> None:
-        self._answers = answers
 
     def applies(self, cap: Capability, grant: Grant, policy: Policy) -> bool:
         return bool(cap.channels)
@@ -145,13 +146,10 @@ class Channel:
         return await rest(call)
 
 
-class Consent:
+class Consent(_Step):
     """Refuse a capability whose consent operations no live grant covers."""
 
     kind = "consent"
-
-    def __init__(self, answers: Answers) -> None:
-        self._answers = answers
 
     def applies(self, cap: Capability, grant: Grant, policy: Policy) -> bool:
         return bool(cap.consent_operations) and policy.consent is not None
@@ -173,14 +171,11 @@ class Consent:
 _WORSE = {"allow": 0, "warn": 1, "block": 2}
 
 
-class Loops:
+class Loops(_Step):
     """Count the call in its caller's session (or, without one, its peer's) and refuse a
     loop; warn on a repeat or on a read answering the same again."""
 
     kind = "loop"
-
-    def __init__(self, answers: Answers) -> None:
-        self._answers = answers
 
     def applies(self, cap: Capability, grant: Grant, policy: Policy) -> bool:
         return policy.loops.policy.enabled or policy.loops.policy.require_session
@@ -228,13 +223,10 @@ class Loops:
         return _with_warnings((result, running), warnings)
 
 
-class BeforeHooks:
+class BeforeHooks(_Step):
     """Run the before-hooks that match the capability, in order; any may refuse."""
 
     kind = "hook"
-
-    def __init__(self, answers: Answers) -> None:
-        self._answers = answers
 
     def applies(self, cap: Capability, grant: Grant, policy: Policy) -> bool:
         return bool(policy.before_hooks(cap.name))
@@ -255,15 +247,12 @@ class BeforeHooks:
         return _with_warnings(await rest(call), warnings)
 
 
-class ErrorRouting:
+class ErrorRouting(_Step):
     """On a failure, try the capability's fallback chain for that error, in order: each
     a new call through its own chain, same caller, within what is left of the caller's
     timeout. Only live, read-only fallbacks inside the caller's grant are tried."""
 
     kind = "fallback"
-
-    def __init__(self, answers: Answers) -> None:
-        self._answers = answers
 
     def applies(self, cap: Capability, grant: Grant, policy: Policy) -> bool:
         return cap.auto_fallback
