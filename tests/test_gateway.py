@@ -204,3 +204,27 @@ async def test_failure_sink_receives_transient_failures_of_mutating_calls() -> N
                                 retry_policy="replay", failure_sink=Sink())
     result = await gateway.dispatch("t.op", {})
     assert (seen, result.queued) == (["t.op"], "job-1")
+
+
+async def test_alternatives_share_a_tag_that_says_what_they_do_never_a_write_for_a_read() -> None:
+    """The "mcp" tag every upstream tool carries, and the id of the server a capability
+    needs, make no alternative; a failed read is offered reads only, inside the grant."""
+    from capd.sidecar.server._grant import Grant, Profile
+
+    registry = make_registry(
+        {"a.read": ("srv_a",), "b.write": ("srv_b",), "b.read": ("srv_b",),
+         "a.other": ("srv_a",), "c.lookup": (), "c.hidden": ()},
+        {"srv_a": True, "srv_b": True}, funcs={"a.read": raiser(TimeoutError("down"))},
+        **{"a.read": {"tags": ("mcp", "srv_a", "lookup")},
+           "a.other": {"tags": ("mcp", "srv_a")},
+           "b.write": {"tags": ("mcp", "srv_b", "lookup"), "mutates_state": True},
+           "b.read": {"tags": ("mcp", "srv_b")},
+           "c.lookup": {"tags": ("lookup",)}, "c.hidden": {"tags": ("lookup",)}})
+    gateway = Gateway(lambda: registry, Rechecker(lambda: registry, probe=FlipProbe(),
+                                                  clock=Clock(), cooldown_s=30))
+    failed = await gateway.dispatch("a.read", {"text": "x"})
+    assert failed.status == "error_transient"
+    assert failed.alternatives == ["c.hidden", "c.lookup"]
+    narrow = Grant("agent", Profile("p", ("a.*", "c.lookup")), bound=True)
+    seen = await gateway.dispatch("a.read", {"text": "x"}, Caller(uid=7, grant=narrow))
+    assert seen.alternatives == ["c.lookup"]

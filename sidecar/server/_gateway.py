@@ -60,6 +60,9 @@ __all__ = [
 from ._services import Caller
 from ._steps import PLAIN, STEPS, Call, CallOptions, Next, Outcome, compose
 
+_GENERIC_TAGS = frozenset({"mcp"})
+"""Tags that say where a capability comes from, not what it does."""
+
 RUN_DISABLED_OPERATION = "capd.run_disabled"
 """The consent operation that lets a caller run a disabled capability that mutates state."""
 
@@ -302,7 +305,8 @@ class Gateway:
         if status in ("success", "partial"):
             fields.setdefault("alternatives", [])
         elif "alternatives" not in fields:
-            live, why = self._alternatives(registry, cap, fields.get("error_type"))
+            live, why = self._alternatives(registry, cap, fields.get("error_type"),
+                                           grant.allows)
             if grant.restricted:  # a caller hears of nothing outside its grant
                 live = [n for n in live if grant.allows(registry.get(n))]
                 why = {n: w for n, w in why.items() if grant.allows(registry.get(n))}
@@ -382,10 +386,11 @@ class Gateway:
             f"grant {RUN_DISABLED_OPERATION}{where} --ttl 10m"), missing_consent=missing)
 
     @staticmethod
-    def _alternatives(registry: Registry, cap: Capability,
-                      error_type: str | None) -> tuple[list[str], dict[str, str]]:
+    def _alternatives(registry: Registry, cap: Capability, error_type: str | None,
+                      allowed: Callable[[Capability], bool]) -> tuple[list[str], dict[str, str]]:
         """What to try instead: the declared chain for this error (live ones, and the
-        disabled ones with why), else live capabilities sharing a tag."""
+        disabled ones with why), else up to three live capabilities ``allowed`` takes in
+        sharing a tag that says what they do (never a write for a read)."""
         chain = cap.fallbacks_for(error_type or "")
         if chain:
             live: list[str] = []
@@ -398,8 +403,14 @@ class Gateway:
                     missing = ", ".join(entry.missing) or "its tools"
                     why[name] = f"disabled: missing {missing}"
             return live, why
-        if not cap.tags:
+        # A tag every upstream tool carries ("mcp"), or the id of the server it needs, says
+        # nothing of what a capability does: only the other tags make an alternative.
+        tags = set(cap.tags) - _GENERIC_TAGS - set(cap.requires)
+        if not tags:
             return [], {}
-        tags = set(cap.tags)
         view = registry.live_view()
-        return sorted(n for n, c in view.items() if n != cap.name and tags & set(c.tags))[:3], {}
+        return sorted(
+            n for n, c in view.items()
+            if n != cap.name and not tags.isdisjoint(c.tags) and allowed(c)
+            # a read is never offered a write in its place
+            and (cap.mutates_state or not c.mutates_state))[:3], {}
