@@ -176,6 +176,17 @@ async def grow(ctx: Context) -> str:
     return "grown"
 
 
+@server.tool()
+async def flood(ctx: Context, n: int, pause_s: float) -> str:
+    """Announce a changed tool list n times, pause_s apart."""
+    import asyncio
+
+    for _ in range(n):
+        await ctx.session.send_tool_list_changed()
+        await asyncio.sleep(pause_s)
+    return "flooded"
+
+
 server.run("stdio")
 '''
 
@@ -285,3 +296,25 @@ def test_a_call_past_call_timeout_is_transient_and_a_stalled_server_is_restarted
     finally:
         if _alive(stalled):
             os.kill(stalled, signal.SIGKILL)
+
+
+def test_a_burst_of_list_changed_is_one_reload(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """A server announcing a changed list 100 times a second for 2 s gets a reload per
+    half second at most (back to back, each reload answered by the next, it had dozens)."""
+    (short_tmp / "grower.py").write_text(GROWER)
+    daemon = up(textwrap.dedent(f"""
+        [tools.grow_mcp]
+        kind = "mcp"
+        command = ["{PY}", "{short_tmp / 'grower.py'}"]
+        timeout_s = 30
+    """))
+    flood = daemon.call("POST", "/call/grow_mcp.flood", {"n": 200, "pause_s": 0.01})
+    assert flood.status == 200, flood.body
+    daemon.wait_event("reload_for_upstream")
+    daemon.wait_until(lambda: daemon.call("GET", "/status").body["reload"]["count"] >= 1,
+                      timeout=20)
+    daemon.wait_until(lambda: not daemon.call("GET", "/status").body["reload"]["running"],
+                      timeout=20)
+    assert daemon.call("GET", "/status").body["reload"]["count"] <= 7
+    assert daemon.call("GET", "/health").status == 200

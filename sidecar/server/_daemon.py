@@ -54,6 +54,9 @@ from ._ssrf import SsrfGuard
 from ._statelock import acquire_state_lock
 from ._systemd import Notifier, inherited_socket, run_watchdog, watchdog_interval_s
 
+LIST_CHANGED_SETTLE_S = 0.5
+"""How long a server's notifications/tools/list_changed settle into one reload."""
+
 log = structlog.get_logger("capd.daemon")
 
 T = TypeVar("T")
@@ -107,6 +110,7 @@ class Daemon:
         # One client session per upstream MCP server, kept across reloads; a server's
         # tools/list_changed reloads the registry so its new tools become capabilities.
         self.upstreams = UpstreamPool(on_tools_changed=self._upstream_tools_changed)
+        self._tools_changed: set[str] = set()  # servers whose burst of changes is settling
         self.rechecker = Rechecker(
             lambda: self.registry, cooldown_s=config.recheck_cooldown_s,
             probe=partial(run_probe, executor=self.user_executor, upstreams=self.upstreams))
@@ -138,8 +142,18 @@ class Daemon:
         self._boosts: tuple[float, Mapping[str, float]] | None = None
 
     def _upstream_tools_changed(self, tool: str) -> None:
+        """A server said its tools changed: one reload after the burst settles (a server
+        announcing a hundred changes a second gets one reload, not a hundred)."""
+        if tool in self._tools_changed:
+            return
+        self._tools_changed.add(tool)
+        self.spawn(self._reload_for_upstream(tool))
+
+    async def _reload_for_upstream(self, tool: str) -> None:
+        await asyncio.sleep(LIST_CHANGED_SETTLE_S)
+        self._tools_changed.discard(tool)  # a change announced from now on is a new burst
         log.info("reload_for_upstream", tool=tool)
-        self.spawn(self.reloader.reload())
+        await self.reloader.reload()
 
     @property
     def health_pending_age_s(self) -> float:
