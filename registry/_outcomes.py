@@ -48,6 +48,22 @@ class Blocked(ToolError):
 
 
 @dataclass(frozen=True)
+class ToolAnswer:
+    """An answer that is more than a value: what an upstream MCP server said, as it said it.
+
+    ``value`` is the call's result as before (the structured content, else the text);
+    ``content`` the MCP content blocks as JSON (``text``, ``image``, ``audio``,
+    ``resource``, ``resource_link``: base64 data, MIME types and annotations kept);
+    ``structured`` the ``structuredContent``. The gateway puts ``value`` in the
+    ToolResult's ``result`` and relays the other two beside it.
+    """
+
+    value: Any
+    content: tuple[dict[str, Any], ...] = ()
+    structured: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class Partial:
     """Return this from an op when only part of the work was done."""
 

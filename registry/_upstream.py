@@ -43,7 +43,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ._model import DESCRIPTION_MAX_TOKENS, Capability, McpProbe, Safety, estimate_tokens
-from ._outcomes import PermanentToolError, ToolUnavailable, TransientToolError
+from ._outcomes import PermanentToolError, ToolAnswer, ToolUnavailable, TransientToolError
 
 if TYPE_CHECKING:  # the SDK's types and jsonschema are imported when an upstream is used
     import mcp_types as types
@@ -463,9 +463,11 @@ def _caller(tool_id: str, tool_name: str,
         text = "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
         if result.is_error:
             raise PermanentToolError(text or f"{tool_id} {tool_name} answered an error")
-        if result.structured_content is not None:
-            return result.structured_content
-        return text
+        value = result.structured_content if result.structured_content is not None else text
+        # Every block as it came (images, audio, resources, links: nothing dropped).
+        content = tuple(c.model_dump(mode="json", by_alias=True, exclude_none=True)
+                        for c in result.content)
+        return ToolAnswer(value, content, result.structured_content)
 
     invoke.__name__ = f"mcp_{tool_name}"
     return invoke

@@ -23,7 +23,7 @@ REGISTRY = {
     "capability", "is_valid_name", "ALIAS_MARK", "is_valid_alias", "is_valid_reference",
     "without_mark", "load_declarations", "load_plugins", "op",
     "parameters_schema", "placeholders", "probe_all", "render", "run_probe",
-    "Blocked", "Partial", "PermanentToolError", "ToolError", "ToolUnavailable",
+    "Blocked", "Partial", "PermanentToolError", "ToolAnswer", "ToolError", "ToolUnavailable",
     "TransientToolError", "Hit", "HostRequirements", "SearchIndex", "estimate_tokens",
     "success_boost", "tokenize", "describe_validation_error", "parse_tool", "render_vars",
     "ErrorRoute", "HookSpec", "after_call", "before_call",

@@ -318,3 +318,88 @@ def test_a_burst_of_list_changed_is_one_reload(
                       timeout=20)
     assert daemon.call("GET", "/status").body["reload"]["count"] <= 7
     assert daemon.call("GET", "/health").status == 200
+
+
+PAINTER = '''
+import base64
+
+import mcp_types as types
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.utilities.types import Image
+
+server = MCPServer("painter")
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+
+
+@server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
+def paint(title: str) -> list:
+    """Paint a tiny picture, with a caption, a file and a link."""
+    return [
+        f"a picture of {title}",
+        Image(data=PNG, format="png"),
+        types.EmbeddedResource(type="resource", resource=types.BlobResourceContents(
+            uri="file:///tmp/picture.bin", mime_type="application/octet-stream",
+            blob=base64.b64encode(b"\\\\x00\\\\x01binary").decode())),
+        types.ResourceLink(type="resource_link", uri="file:///tmp/picture.png",
+                           name="picture.png", mime_type="image/png"),
+    ]
+
+
+server.run("stdio")
+'''
+
+PNG_B64 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJ"
+           "RU5ErkJggg==")
+
+
+def test_every_content_block_is_relayed_over_the_socket_and_through_the_bridge(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """An upstream's text, image, embedded resource and resource link reach the socket API
+    as they came; `capd mcp` relays them as blocks (meta mode after the ToolResult, direct
+    mode as the answer itself, with capd's facts in _meta), even before any tools/list."""
+    import asyncio
+
+    import mcp_types as types
+
+    from .test_mcp import bridge
+
+    (short_tmp / "painter.py").write_text(PAINTER)
+    daemon = up(textwrap.dedent(f"""
+        [tools.paint_mcp]
+        kind = "mcp"
+        command = ["{PY}", "{short_tmp / 'painter.py'}"]
+        timeout_s = 30
+    """))
+    answer = daemon.call("POST", "/call/paint_mcp.paint", {"title": "a cat"})
+    assert answer.status == 200, answer.body
+    kinds = [b["type"] for b in answer.body["content"]]
+    assert kinds == ["text", "image", "resource", "resource_link"]
+    image = answer.body["content"][1]
+    assert (image["data"], image["mimeType"]) == (PNG_B64, "image/png")
+    assert answer.body["content"][2]["resource"]["mimeType"] == "application/octet-stream"
+    assert answer.body["result"] == "a picture of a cat"
+
+    async def meta() -> types.CallToolResult:
+        async with bridge(daemon.socket) as session:
+            return await session.call_tool("invoke_capability", {
+                "id": "paint_mcp.paint", "arguments": {"title": "a dog"}})
+
+    async def direct() -> tuple[types.CallToolResult, set[str]]:
+        async with bridge(daemon.socket, "--expose", "direct") as session:
+            called = await session.call_tool("paint_mcp.paint", {"title": "a bird"})
+            listed = {t.name for t in (await session.list_tools()).tools}
+            return called, listed
+
+    via_meta = asyncio.run(meta())
+    assert [b.type for b in via_meta.content] == ["text", "image", "resource",
+                                                  "resource_link"]
+    assert PNG_B64 not in via_meta.content[0].text  # type: ignore[union-attr]
+    assert via_meta.content[1].data == PNG_B64  # type: ignore[union-attr]
+    via_direct, listed = asyncio.run(direct())
+    assert "paint_mcp.paint" in listed
+    assert [b.type for b in via_direct.content] == ["text", "image", "resource",
+                                                    "resource_link"]
+    assert via_direct.content[0].text == "a picture of a bird"  # type: ignore[union-attr]
+    assert via_direct.meta is not None
+    assert via_direct.meta["capd"]["status"] == "success"

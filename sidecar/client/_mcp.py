@@ -208,6 +208,38 @@ def _text(value: Any, *, is_error: bool) -> types.CallToolResult:
                                 structured_content=structured, is_error=is_error)
 
 
+_BLOCKS: dict[str, Any] = {}
+
+
+def _block(raw: Any) -> Any:
+    """An MCP content block from its JSON (None for one this SDK cannot read)."""
+    if not _BLOCKS:
+        _BLOCKS.update(text=types.TextContent, image=types.ImageContent,
+                       audio=types.AudioContent, resource=types.EmbeddedResource,
+                       resource_link=types.ResourceLink)
+    kind = _BLOCKS.get(str(raw.get("type"))) if isinstance(raw, dict) else None
+    if kind is None:
+        return None
+    try:
+        return kind.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def _without_data(raw: Any) -> Any:
+    """A block as the model reads it in text: base64 payloads replaced by their size."""
+    if not isinstance(raw, dict):
+        return raw
+    out = dict(raw)
+    if isinstance(out.get("data"), str):
+        out["data"] = f"<{len(out['data']) * 3 // 4} bytes, in the block that follows>"
+    resource = out.get("resource")
+    if isinstance(resource, dict) and isinstance(resource.get("blob"), str):
+        out["resource"] = {**resource, "blob": f"<{len(resource['blob']) * 3 // 4} bytes, "
+                           "in the block that follows>"}
+    return out
+
+
 def _problem(status: int, body: Any) -> types.CallToolResult:
     detail = body.get("detail") if isinstance(body, dict) else body
     payload = body if isinstance(body, dict) else {"status": status, "detail": detail}
@@ -315,8 +347,10 @@ class Bridge:
                 await self._refresh_operator()  # the operator may have turned it off since
                 if params.name in self._operator:
                     return await self._call_operator(params.name, arguments)
+            if self.direct_tags is not None and params.name not in self._direct:
+                await self._refresh_direct()  # a call may come before any tools/list
             if self.direct_tags is not None and params.name in self._direct:
-                return await self._invoke(params.name, arguments, None)
+                return await self._invoke(params.name, arguments, None, direct=True)
         except DaemonDown as exc:
             return _text(str(exc), is_error=True)
         return _text(f"unknown tool {params.name!r}", is_error=True)
@@ -367,14 +401,33 @@ class Bridge:
         status, body = await self.link.request("GET", "/capabilities", query=query)
         return _problem(status, body) if status >= 400 else _text(body, is_error=False)
 
-    async def _invoke(self, name: str, arguments: Any,
-                      headers: dict[str, str] | None) -> types.CallToolResult:
+    async def _invoke(self, name: str, arguments: Any, headers: dict[str, str] | None,
+                      *, direct: bool = False) -> types.CallToolResult:
+        """Call ``name``. Meta mode answers the ToolResult (as text and structured
+        content) followed by the upstream's own non-text blocks (images, audio,
+        resources, links) as they came; a direct tool answers the upstream's blocks and
+        structured content as they came, with capd's facts under ``_meta.capd``."""
         status, body = await self.link.request("POST", f"/call/{quote(name, safe='')}",
                                                body=arguments, headers=headers or None)
-        if isinstance(body, dict) and "status" in body and "capability" in body:
-            failed = body["status"] not in ("success", "partial") and not body.get("queued")
+        if not (isinstance(body, dict) and "status" in body and "capability" in body):
+            return _problem(status, body)
+        failed = body["status"] not in ("success", "partial") and not body.get("queued")
+        blocks = body.get("content")
+        if not isinstance(blocks, list) or failed:
             return _text(body, is_error=failed)
-        return _problem(status, body)
+        relayed = [_block(b) for b in blocks]
+        if direct:
+            facts = {k: body.get(k) for k in ("status", "capability", "request_id", "queued",
+                                              "warnings", "answered_by", "message")}
+            return types.CallToolResult(
+                content=[b for b in relayed if b is not None],
+                structured_content=body.get("structured_content"), is_error=False,
+                _meta={"capd": facts})
+        readable = {**body, "content": [_without_data(b) for b in blocks]}
+        return types.CallToolResult(
+            content=[types.TextContent(text=json.dumps(readable, indent=1)),
+                     *(b for b in relayed if b is not None and b.type != "text")],
+            structured_content=body, is_error=False)
 
     async def watch(self) -> None:
         """Direct mode: announce tools/list_changed when the exposed set changes."""

@@ -38,6 +38,7 @@ from capd.registry import (
     Capability,
     Registry,
     ThreadHandle,
+    ToolAnswer,
     UnknownCapability,
 )
 
@@ -78,6 +79,9 @@ def _observer_copy(result: ToolResult) -> ToolResult:
     fields["unavailable_alternatives"] = dict(fields["unavailable_alternatives"])
     if fields["missing_consent"] is not None:
         fields["missing_consent"] = list(fields["missing_consent"])
+    for key in ("content", "structured_content"):
+        if fields[key] is not None:
+            fields[key] = copy.deepcopy(fields[key])
     return ToolResult.assemble(fields)
 
 
@@ -320,7 +324,7 @@ class Gateway:
             "message": None, "alternatives": None, "duration_s": self._clock() - call.started,
             "request_id": call.request_id, "retry_after_s": None, "queued": None,
             "warnings": [], "missing_consent": None, "unavailable_alternatives": {},
-            "answered_by": None,
+            "answered_by": None, "content": None, "structured_content": None,
         }
         values.update(fields)
         return ToolResult.assemble(values)
@@ -356,11 +360,17 @@ class Gateway:
         outcome = await call_capability(cap, call.params, executor=self._executor,
                                         timeout_s=options.timeout_s)
         apply_passive_health(registry, cap, outcome)
-        if outcome.kind == "success":
-            return self._finish(call, "success", result=outcome.value, warnings=warnings), None
-        if outcome.kind == "partial":
-            return self._finish(call, "partial", result=outcome.value, message=outcome.message,
-                                warnings=warnings), None
+        if outcome.kind in ("success", "partial"):
+            value = outcome.value
+            relayed: dict[str, Any] = {}
+            if isinstance(value, ToolAnswer):  # an upstream's blocks, beside its value
+                relayed = {"content": list(value.content),
+                           "structured_content": value.structured}
+                value = value.value
+            if outcome.kind == "partial":
+                relayed["message"] = outcome.message
+            return self._finish(call, outcome.kind, result=value, warnings=warnings,
+                                **relayed), None
         return self._finish(call, STATUS_OF[outcome.kind], error_type=outcome.error_type,
                             message=outcome.message, retry_after_s=outcome.retry_after_s,
                             warnings=warnings), outcome.abandoned

@@ -37,6 +37,10 @@ class ToolResult(BaseModel):
     missing_consent: list[str] | None = None
     unavailable_alternatives: dict[str, str] = Field(default_factory=dict)
     answered_by: str | None = None
+    # What an upstream MCP server answered, as it said it: its content blocks (text,
+    # image, audio, resource, resource_link) and its structuredContent; None otherwise.
+    content: list[dict[str, Any]] | None = None
+    structured_content: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The result as a JSON-ready mapping (cheaper than model_dump on the hot path)."""
