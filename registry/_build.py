@@ -15,7 +15,7 @@ from ._declarations import capability_from_spec, load_declarations
 from ._errors import DeclarationError
 from ._model import Capability, McpProbe, OpEffect, ToolSpec
 from ._names import is_valid_name
-from ._ops import entry_point_modules, load_plugins
+from ._ops import OpTable, entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
 from ._routes import offered_routes, resolve_routes
@@ -84,14 +84,23 @@ async def build(
         tools[tool_id] = tool_spec
 
     # Upstream MCP servers: their tools are capabilities. Without the daemon's pool
-    # (capd check) the sessions are opened for this build only.
+    # (capd check) the sessions are opened for this build only: each server is started
+    # once, its handshake listing the tools and its ping being the probe below.
     own_pool = upstreams is None and any(isinstance(s, McpProbe) for s in tools.values())
     pool = UpstreamPool() if own_pool else upstreams
     try:
-        capabilities.extend(await _upstream_capabilities(tools, pool))
+        return await _assemble(tools, pool, capabilities, errors, ops, probe, executor)
     finally:
         if own_pool and pool is not None:
             await pool.close()
+
+
+async def _assemble(tools: dict[str, ToolSpec], pool: UpstreamPool | None,
+                    capabilities: list[Capability], errors: list[DeclarationError],
+                    ops: OpTable, probe: Probe | None, executor: Executor | None) -> Registry:
+    """The registry of ``capabilities`` (and the upstreams' tools), probed; ``errors``
+    gathers what is refused."""
+    capabilities.extend(await _upstream_capabilities(tools, pool))
 
     accepted: dict[str, Capability] = {}
     not_on_host: dict[str, str] = {}
@@ -140,7 +149,7 @@ async def build(
 
     _settle_routes(accepted, names, claimed, errors)
 
-    probes = await probe_all(tools, probe=probe, executor=executor, upstreams=upstreams)
+    probes = await probe_all(tools, probe=probe, executor=executor, upstreams=pool)
     registry = Registry(accepted.values(), tools, probes, errors=errors, ops=ops, clock=time.time)
     registry.not_on_host = not_on_host
     return registry

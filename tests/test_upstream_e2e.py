@@ -403,3 +403,46 @@ def test_every_content_block_is_relayed_over_the_socket_and_through_the_bridge(
     assert via_direct.content[0].text == "a picture of a bird"  # type: ignore[union-attr]
     assert via_direct.meta is not None
     assert via_direct.meta["capd"]["status"] == "success"
+
+
+COUNTED = '''
+import sys
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+
+with open(sys.argv[1], "a", encoding="utf-8") as log:
+    log.write("started\\n")
+
+server = MCPServer("counted")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Answer the text back."""
+    return text
+
+
+server.run("stdio")
+'''
+
+
+def test_capd_check_starts_each_upstream_once(short_tmp: Path) -> None:
+    """capd check lists an upstream's tools and probes it on one session: one start."""
+    (short_tmp / "counted.py").write_text(COUNTED)
+    starts = short_tmp / "starts.log"
+    config = short_tmp / "capd.toml"
+    config.write_text(textwrap.dedent(f"""
+        entry_points = false
+        state_dir = "state"
+
+        [tools.count_mcp]
+        kind = "mcp"
+        command = ["{PY}", "{short_tmp / 'counted.py'}", "{starts}"]
+        timeout_s = 30
+    """))
+    done = subprocess.run([PY, "-m", "capd", "check", "--config", str(config), "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "count_mcp.echo" in done.stdout
+    assert starts.read_text().splitlines() == ["started"]
