@@ -19,7 +19,7 @@ from ._ops import OpTable, entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
 from ._routes import offered_routes, resolve_routes
-from ._upstream import UpstreamPool, upstream_capabilities
+from ._upstream import UpstreamPool, left_out_tools, upstream_capabilities
 
 log = structlog.get_logger("capd.build")
 
@@ -100,10 +100,11 @@ async def _assemble(tools: dict[str, ToolSpec], pool: UpstreamPool | None,
                     ops: OpTable, probe: Probe | None, executor: Executor | None) -> Registry:
     """The registry of ``capabilities`` (and the upstreams' tools), probed; ``errors``
     gathers what is refused."""
-    capabilities.extend(await _upstream_capabilities(tools, pool))
+    upstream, left_out = await _upstream_capabilities(tools, pool)
+    capabilities.extend(upstream)
 
     accepted: dict[str, Capability] = {}
-    not_on_host: dict[str, str] = {}
+    not_on_host: dict[str, str] = dict(left_out)  # left out, with why
     # Aliases are checked against every declared name and claimed in declaration order,
     # before the checks that depend on this host, so every host leaves out the same ones.
     names = {cap.name for cap in capabilities}
@@ -208,19 +209,22 @@ def _settle_routes(
             accepted[cap.name] = cap.model_copy(update={"on_error": routes})
 
 
-async def _upstream_capabilities(tools: Mapping[str, ToolSpec],
-                                 pool: UpstreamPool | None) -> list[Capability]:
-    """The capabilities of every MCP server, all handshakes at once. A server that does
-    not answer keeps the tools it listed last (disabled with it by its probe)."""
+async def _upstream_capabilities(tools: Mapping[str, ToolSpec], pool: UpstreamPool | None
+                                 ) -> tuple[list[Capability], dict[str, str]]:
+    """The capabilities of every MCP server, all handshakes at once, and the tools left out
+    with why (those a server runs only as tasks). A server that does not answer keeps
+    the tools it listed last (disabled with it by its probe)."""
     servers = {t: s for t, s in tools.items() if isinstance(s, McpProbe)}
     if not servers or pool is None:
-        return []
+        return [], {}
     listed = await asyncio.gather(*(pool.tools(t, s) for t, s in servers.items()))
     out: list[Capability] = []
+    left_out: dict[str, str] = {}
     for (tool_id, spec), (found, error) in zip(servers.items(), listed, strict=True):
         if error is not None:
             log.warning("upstream_unreachable_at_build", tool=tool_id, error=error,
                         known_tools=len(found))
         out.extend(upstream_capabilities(tool_id, spec, found, pool.call,
                                          source=f"mcp:{tool_id}"))
-    return out
+        left_out.update(left_out_tools(tool_id, spec, found))
+    return out, left_out

@@ -413,6 +413,23 @@ def _matches(name: str, globs: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, g) for g in globs)
 
 
+def needs_tasks(tool: types.Tool) -> bool:
+    """Whether the server runs ``tool`` only as an MCP task (``execution.taskSupport`` is
+    ``required``): a plain ``tools/call`` of it always fails."""
+    execution = getattr(tool, "execution", None)
+    return getattr(execution, "task_support", None) == "required"
+
+
+def left_out_tools(tool_id: str, spec: McpProbe, tools: Sequence[types.Tool]) -> dict[str, str]:
+    """The capabilities an upstream's tools would be, left out, with why (by name)."""
+    prefix = spec.prefix or re.sub(r"[^a-z0-9_]", "_", tool_id.lower())
+    return {capability_name(prefix, t.name): (
+        f"{tool_id} runs {t.name} only as an MCP task (execution.taskSupport = required), "
+        "and capd calls tools with tools/call; it is not offered")
+        for t in tools if _matches(t.name, spec.include) and not _matches(t.name, spec.exclude)
+        and needs_tasks(t)}
+
+
 def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.Tool],
                           call: Callable[[str, str, dict[str, Any]],
                                          Awaitable[types.CallToolResult]],
@@ -422,6 +439,8 @@ def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.To
     out: list[Capability] = []
     for tool in tools:
         if not _matches(tool.name, spec.include) or _matches(tool.name, spec.exclude):
+            continue
+        if needs_tasks(tool):  # see left_out_tools: it would always fail
             continue
         notes = tool.annotations
         read_only = bool(notes and notes.read_only_hint)

@@ -446,3 +446,56 @@ def test_capd_check_starts_each_upstream_once(short_tmp: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "count_mcp.echo" in done.stdout
     assert starts.read_text().splitlines() == ["started"]
+
+
+TASKY = """import anyio
+import mcp_types as types
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+
+
+async def list_tools(ctx, params):
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    return types.ListToolsResult(tools=[
+        types.Tool(name="plain", description="Answer the text.", input_schema=schema,
+                   annotations=types.ToolAnnotations(read_only_hint=True)),
+        types.Tool(name="tasky", description="Only as a task.", input_schema=schema,
+                   execution=types.ToolExecution(task_support="required")),
+    ])
+
+
+async def call_tool(ctx, params):
+    if params.name == "tasky":
+        raise ValueError("tasky requires task augmentation")
+    return types.CallToolResult(content=[types.TextContent(text=str(params.arguments))])
+
+
+server = Server("tasky", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main():
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options(NotificationOptions()))
+
+
+anyio.run(main)
+"""
+
+
+def test_a_tool_that_runs_only_as_a_task_is_not_offered(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """A tool whose execution.taskSupport is required would fail every tools/call: it is
+    left out with why (capd status), its sibling is offered and answers."""
+    (short_tmp / "tasky.py").write_text(TASKY)
+    daemon = up(textwrap.dedent(f"""
+        [tools.task_mcp]
+        kind = "mcp"
+        command = ["{PY}", "{short_tmp / 'tasky.py'}"]
+        timeout_s = 30
+    """))
+    found = caps(daemon)
+    assert "task_mcp.plain" in found
+    assert "task_mcp.tasky" not in found
+    why = daemon.call("GET", "/status").body["registry"]["not_on_host"]["task_mcp.tasky"]
+    assert "only as an MCP task" in why
+    assert daemon.call("POST", "/call/task_mcp.plain", {"text": "hi"}).status == 200
