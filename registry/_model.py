@@ -359,6 +359,9 @@ class Capability(BaseModel):
     latency_class: LatencyClass = "inner"
     timeout_s: float = Field(30.0, gt=0, le=3600)
     op_id: str | None = None
+    upstream_tool: Mapping[str, Any] | None = Field(
+        None, description="For an upstream MCP server's tool: what the server said of it "
+        "beyond the schema (title, annotations, outputSchema, _meta), relayed by capd mcp.")
     options: Mapping[str, Any] = Field(default_factory=dict)
     transient_errors: tuple[Annotated[str, Field(pattern=ERROR_NAME_PATTERN)], ...] = Field(
         (), description="Exception classes (dotted names) that mean 'try again later'.")

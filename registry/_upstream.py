@@ -467,6 +467,9 @@ def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.To
             # the SDK's read timeout decides first; the stall ping has its time after it
             timeout_s=min(3600.0, spec.call_timeout_s + spec.ping_timeout_s + 1),
             op_id=f"mcp:{tool_id}:{tool.name}",
+            upstream_tool=tool.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                          include={"title", "annotations", "output_schema",
+                                                   "meta", "icons"}),
             source=source,
         ))
     return out

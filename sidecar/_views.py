@@ -96,6 +96,8 @@ def manifest(cap: Capability, snapshot: RegistrySnapshot) -> dict[str, Any]:
         "op_id": cap.op_id,
         "source": cap.source,
     }
+    if cap.upstream_tool is not None:  # what the MCP server said of it beyond the schema
+        body["upstream_tool"] = dict(cap.upstream_tool)
     if entry is not None:
         body["disabled"] = disabled_view(entry, snapshot)
     return body

@@ -332,7 +332,7 @@ PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 
 
-@server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
+@server.tool(title="Painter", annotations=types.ToolAnnotations(read_only_hint=True))
 def paint(title: str) -> list:
     """Paint a tiny picture, with a caption, a file and a link."""
     return [
@@ -357,7 +357,8 @@ def test_every_content_block_is_relayed_over_the_socket_and_through_the_bridge(
         up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
     """An upstream's text, image, embedded resource and resource link reach the socket API
     as they came; `capd mcp` relays them as blocks (meta mode after the ToolResult, direct
-    mode as the answer itself, with capd's facts in _meta), even before any tools/list."""
+    mode as the answer itself, with capd's facts in _meta), even before any tools/list; a
+    direct tool keeps the title and annotations its server gave it."""
     import asyncio
 
     import mcp_types as types
@@ -385,10 +386,10 @@ def test_every_content_block_is_relayed_over_the_socket_and_through_the_bridge(
             return await session.call_tool("invoke_capability", {
                 "id": "paint_mcp.paint", "arguments": {"title": "a dog"}})
 
-    async def direct() -> tuple[types.CallToolResult, set[str]]:
+    async def direct() -> tuple[types.CallToolResult, dict[str, types.Tool]]:
         async with bridge(daemon.socket, "--expose", "direct") as session:
             called = await session.call_tool("paint_mcp.paint", {"title": "a bird"})
-            listed = {t.name for t in (await session.list_tools()).tools}
+            listed = {t.name: t for t in (await session.list_tools()).tools}
             return called, listed
 
     via_meta = asyncio.run(meta())
@@ -397,7 +398,10 @@ def test_every_content_block_is_relayed_over_the_socket_and_through_the_bridge(
     assert PNG_B64 not in via_meta.content[0].text  # type: ignore[union-attr]
     assert via_meta.content[1].data == PNG_B64  # type: ignore[union-attr]
     via_direct, listed = asyncio.run(direct())
-    assert "paint_mcp.paint" in listed
+    painter = listed["paint_mcp.paint"]  # what the server said of its tool is kept
+    assert painter.title == "Painter"
+    assert painter.annotations is not None
+    assert painter.annotations.read_only_hint is True
     assert [b.type for b in via_direct.content] == ["text", "image", "resource",
                                                     "resource_link"]
     assert via_direct.content[0].text == "a picture of a bird"  # type: ignore[union-attr]

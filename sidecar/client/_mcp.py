@@ -302,8 +302,14 @@ class Bridge:
                     "GET", f"/capabilities/{capsule['name']}")
                 if status != 200:
                     continue
-                known = types.Tool(name=capsule["name"], description=manifest["summary"],
-                                   input_schema=manifest["parameters"])
+                # an upstream's tool keeps what its server said (title, annotations,
+                # outputSchema) beside capd's name, description and input schema
+                extra = manifest.get("upstream_tool") or {}
+                known = types.Tool.model_validate({
+                    **{k: v for k, v in extra.items()
+                       if k in ("title", "annotations", "outputSchema", "icons")},
+                    "name": capsule["name"], "description": manifest["summary"],
+                    "inputSchema": manifest["parameters"]})
             tools[capsule["name"]] = known
         changed = set(tools) != set(self._direct)
         self._direct = tools
