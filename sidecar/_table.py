@@ -25,7 +25,8 @@ class Option:
     flags: tuple[str, ...]
     dest: str
     help: str
-    target: Literal["query", "body", "header"] = "query"
+    # "local": the CLI's own, never sent (where it writes what the answer carries)
+    target: Literal["query", "body", "header", "local"] = "query"
     header: str | None = None  # the header's name, for target="header"
     is_flag: bool = False
     choices: tuple[str, ...] | None = None
@@ -236,6 +237,9 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             Option(("--run-disabled",), "run_disabled", "run it even though it is disabled "
                    "(a write needs consent for capd.run_disabled)", is_flag=True,
                    target="header", header="Capd-Run-Disabled"),
+            Option(("--output-dir",), "output_dir", "write the image, audio and binary "
+                   "blocks an MCP server answered into this folder (never onto the terminal)",
+                   target="local"),
         ),
         examples=(
             'capd call notes.append -p note=welcome -p "line=hello from capd"   # key=value: text',
@@ -244,6 +248,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             "capd call notes.append -p note=welcome -p line=hi --json   # the whole ToolResult",
             "capd call notes.search -p query=capd --timeout 2.5   # a shorter timeout",
             "capd call notes.search -p query=capd --run-disabled   # even while disabled",
+            "capd call paint_mcp.paint -p title=cat --output-dir out/   # save its images",
         ),
         mcp=McpTool(
             "invoke_capability",

@@ -3,6 +3,7 @@ servers `mcp-server-time` and `mcp-server-git` (installed by the test extra)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -407,6 +408,25 @@ def test_every_content_block_is_relayed_over_the_socket_and_through_the_bridge(
     assert via_direct.content[0].text == "a picture of a bird"  # type: ignore[union-attr]
     assert via_direct.meta is not None
     assert via_direct.meta["capd"]["status"] == "success"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PY, "-m", "capd", "call", "paint_mcp.paint", "-p", "title=a fox",
+                               *args, "--socket", str(daemon.socket)],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    told = cli()
+    assert told.returncode == 0, told.stderr
+    assert "a picture of a fox" in told.stdout
+    assert PNG_B64 not in told.stdout  # never a base64 wall on a terminal
+    assert "[block 2: image image/png, 70 bytes; capd call --output-dir DIR saves it]" \
+        in told.stdout
+    out = short_tmp / "out"
+    saved = cli("--output-dir", str(out))
+    assert saved.returncode == 0, saved.stderr
+    files = sorted(out.iterdir())
+    assert [f.suffix for f in files] == [".png", ".bin"]
+    assert files[0].read_bytes() == base64.b64decode(PNG_B64)
+    assert f"wrote {files[0]}" in saved.stdout
 
 
 COUNTED = '''

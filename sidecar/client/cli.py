@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import re
@@ -311,7 +312,7 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
             value = " ".join(value) or None
         elif option.repeat:
             value = ",".join(value or ()) or None
-        if value in (None, False):
+        if value in (None, False) or option.target == "local":
             continue
         if option.target == "header" and option.header is not None:
             headers[option.header] = "true" if value is True else str(value)
@@ -338,7 +339,52 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
                  else response.body))
     else:
         echo(RENDERERS[row.render](response.body))
+        if row.id == "call" and isinstance(response.body, dict):
+            _save_blocks(response.body, getattr(args, "output_dir", None))
     return EXIT_OK if ok else EXIT_FAILED
+
+
+_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif",
+             "image/webp": ".webp", "image/svg+xml": ".svg", "audio/wav": ".wav",
+             "audio/x-wav": ".wav", "audio/mpeg": ".mp3", "audio/ogg": ".ogg",
+             "application/pdf": ".pdf", "application/json": ".json", "text/plain": ".txt"}
+
+
+def _save_blocks(body: dict[str, Any], output_dir: str | None) -> None:
+    """The binary blocks an upstream answered (images, audio, resource blobs): written
+    into ``output_dir`` and named, or, without one, said to be there; never base64 on a
+    terminal. Raises :class:`UsageError` when the folder cannot be written."""
+    blocks = body.get("content")
+    if not isinstance(blocks, list):
+        return
+    for index, block in enumerate(blocks, 1):
+        if not isinstance(block, dict):
+            continue
+        nested = block.get("resource")
+        resource: dict[str, Any] = nested if isinstance(nested, dict) else {}
+        data, mime = block.get("data"), block.get("mimeType")
+        if not isinstance(data, str):
+            data, mime = resource.get("blob"), resource.get("mimeType")
+        if not isinstance(data, str):
+            continue
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except ValueError:
+            echo(f"capd: block {index} ({block.get('type')}) is not valid base64; not saved",
+                 err=True)
+            continue
+        kind = f"{block.get('type')} {mime or 'application/octet-stream'}, {len(raw)} bytes"
+        if output_dir is None:
+            echo(f"[block {index}: {kind}; capd call --output-dir DIR saves it]")
+            continue
+        folder = Path(output_dir)
+        name = f"{body.get('request_id', 'call')}-{index}{_SUFFIXES.get(str(mime), '.bin')}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(raw)
+        except OSError as exc:
+            raise UsageError(f"--output-dir {output_dir}: {exc.strerror or exc}") from None
+        echo(f"[block {index}: {kind}: wrote {folder / name}]")
 
 
 def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
