@@ -184,3 +184,12 @@ def test_token_bucket_burst_then_rate() -> None:
     clock.advance(0.5)
     assert limiter.take(alice) is None
     assert RateLimiter(0, 1).take(alice) is None
+
+
+def test_an_agent_grant_spends_its_own_bucket() -> None:
+    """An agent narrowed under the operator's uid cannot spend the operator's calls."""
+    clock = Clock()
+    limiter = RateLimiter(rate_per_s=1, burst=2, clock=clock)
+    agent = Caller(uid=0, grant=Grant().narrowed(Narrowing(frozenset({"a.b"}))))
+    assert [limiter.take(agent) for _ in range(3)][-1] is not None
+    assert limiter.take(Caller(uid=0)) is None

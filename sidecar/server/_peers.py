@@ -16,23 +16,29 @@ class _Bucket:
 
 
 class RateLimiter:
-    """A token bucket per peer uid: ``rate_per_s`` sustained, ``burst`` at once."""
+    """A token bucket per peer uid (and agent grant): ``rate_per_s`` sustained, ``burst``
+    at once."""
 
     def __init__(self, rate_per_s: float, burst: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.rate_per_s = rate_per_s
         self.burst = burst
         self._clock = clock
-        self._buckets: dict[int | None, _Bucket] = {}
+        # by uid, and apart for each agent grant of a uid (an agent bridge under the
+        # operator's uid spends its own bucket, not the operator's)
+        self._buckets: dict[tuple[int | None, str | None], _Bucket] = {}
 
     def take(self, caller: Caller) -> float | None:
         """Take one token; None when allowed, else the seconds until a token is free."""
         if self.rate_per_s <= 0:
             return None
         now = self._clock()
-        bucket = self._buckets.get(caller.uid)
+        key = (caller.uid, caller.grant.tag)
+        bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[caller.uid] = _Bucket(float(self.burst), now)
+            if len(self._buckets) >= 4096:  # bounded: grants come and go
+                self._buckets.clear()
+            bucket = self._buckets[key] = _Bucket(float(self.burst), now)
         bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate_per_s)
         bucket.updated = now
         if bucket.tokens >= 1:
