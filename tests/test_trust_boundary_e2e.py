@@ -734,3 +734,14 @@ def test_an_agent_escapes_no_loop_count_by_new_processes_or_new_sessions(
     rotated = [agent_http(daemon, "POST", "/call/tb.peek", {"link": "plain words"},
                           headers={"Capd-Session": f"r{i}"})[0] for i in range(5)]
     assert rotated == [200, 200, 200, 200, 403]
+
+
+def test_a_grant_header_sent_twice_is_refused(tb: Callable[..., DaemonProcess]) -> None:
+    """Two Capd-Grant (or Capd-Session) headers: 400, not whichever the server reads last."""
+    daemon = tb()
+    done = subprocess.run(
+        [shutil.which("curl") or "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+         "-X", "POST", "--data", "{}", "-H", 'Capd-Grant: {"allow": ["tb.echo"]}',
+         "-H", 'Capd-Grant: {"allow": ["tb.secret"]}', "--unix-socket", str(daemon.socket),
+         "http://capd/call/tb.echo"], capture_output=True, text=True, timeout=30, check=False)
+    assert done.stdout == "400"

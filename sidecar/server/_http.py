@@ -67,6 +67,10 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEADERS_END = b"\r\n\r\n"
 
 
+_ONCE = frozenset({"capd-grant", "capd-session", "capd-timeout", "idempotency-key"})
+"""Headers that decide who calls or how: sent twice, the request is refused (400)."""
+
+
 @dataclass(slots=True)
 class HttpRequest:
     """One parsed request. Header names are lower case."""
@@ -219,6 +223,7 @@ class HttpConnection(asyncio.Protocol):
         self._discarding = False
         self._url = b""
         self._headers: dict[str, str] = {}
+        self._twice: str | None = None  # a header that must come once, sent again
         self._header_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
@@ -383,6 +388,7 @@ class HttpConnection(asyncio.Protocol):
         self._expects = False
         self._url = b""
         self._headers = {}
+        self._twice = None
         self._header_bytes = 0
         self._body = []
         self._body_bytes = 0
@@ -392,7 +398,10 @@ class HttpConnection(asyncio.Protocol):
         self._count_header_bytes(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = name.decode("latin-1").lower()
+        if key in _ONCE and key in self._headers:
+            self._twice = key
+        self._headers[key] = value.decode("latin-1")
         self._count_header_bytes(len(name) + len(value))
 
     def on_headers_complete(self) -> None:
@@ -402,6 +411,10 @@ class HttpConnection(asyncio.Protocol):
         self._tail = b""
         if self._parser.should_upgrade():
             self._refuse(self._hooks.malformed("protocol upgrades are not supported"))
+            return
+        if self._twice is not None:  # which one would count is not for us to guess
+            self._refuse(self._hooks.malformed(f"the {self._twice} header is sent twice; "
+                                               "send it once"))
             return
         headers = self._headers
         declared = headers.get("content-length")
