@@ -154,6 +154,10 @@ class McpProbe(_ProbeSpec):
     include: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
     call_timeout_s: float = Field(30.0, gt=0, le=3600)
+    max_result_bytes: int = Field(
+        16 << 20, ge=1024, le=1 << 30, description="A stdio server's message larger than "
+        "this is dropped before the daemon reads it, and the call answers "
+        "error_permanent / result_too_large with the size (the session stays usable).")
     ping_timeout_s: float = Field(
         5.0, gt=0, le=60, description="A ping (the probe of a held session, and the check "
         "after a call timed out) missing this deadline means the server is stalled: it is "

@@ -18,7 +18,10 @@ from typing import Any
 
 
 class ToolError(Exception):
-    """Root of the errors an op raises on purpose."""
+    """Root of the errors an op raises on purpose. A subclass may name its ``error_type``
+    (what a ToolResult says); otherwise the kind of error names it."""
+
+    error_type: str | None = None
 
     def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)

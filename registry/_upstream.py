@@ -16,6 +16,13 @@ loop, SIGSTOP), and its session is torn down — a stdio server's process group 
 killed by the SDK's escalation, SIGKILL last — so the call is ``tool_unavailable``,
 the server is down, and the next probe starts it again: it heals with no reload.
 
+Bounded answers. A stdio server runs behind ``_relay.py`` (a script, same stdin,
+stderr and process group): a message over ``max_result_bytes`` (16 MiB) is dropped
+there, in pieces, and replaced by an error answering the same request, so the call is
+``error_permanent`` / ``result_too_large`` with the size, the daemon never decodes or
+holds the answer, and the session stays usable. (A streamable-HTTP server's answers are
+not bounded this way.)
+
 A server's ``notifications/tools/list_changed`` calls ``on_tools_changed`` (the
 daemon reloads, and the new list becomes the new capabilities).
 
@@ -37,6 +44,7 @@ import fnmatch
 import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -58,6 +66,9 @@ class UpstreamError(Exception):
     """The server could not be reached or did not complete the handshake."""
 
 
+RELAY = Path(__file__).with_name("_relay.py")
+"""Run as a script in front of every stdio server (see its docstring)."""
+RELAY_TOO_LARGE = -32000
 DROP_WAIT_S = 15.0
 """How long a teardown waits for the SDK to stop a server (stdin closed, 2 s, SIGTERM to
 its process group, 2 s, SIGKILL) before it cancels the session's task."""
@@ -153,6 +164,11 @@ class Upstream:
         except Exception as exc:
             if _timed_out(exc):
                 raise await self._after_timeout(name) from exc
+            too_large = _too_large(exc)
+            if too_large is not None:
+                raise ResultTooLarge(f"MCP server {self.tool_id} answered {name} with "
+                                     f"{too_large}; raise max_result_bytes for this tool, "
+                                     "or ask for less") from exc
             if not self.connected or _looks_closed(exc):
                 await self._drop()
                 raise ToolUnavailable(f"MCP server {self.tool_id} went away "
@@ -227,9 +243,13 @@ class Upstream:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if spec.command is not None:
-                    params = StdioServerParameters(command=spec.command[0],
-                                                   args=list(spec.command[1:]),
-                                                   env=dict(spec.env) or None)
+                    # The server runs behind the relay (same stdin, stderr and process
+                    # group): an answer over max_result_bytes never reaches this loop.
+                    params = StdioServerParameters(
+                        command=sys.executable,
+                        args=["-I", str(RELAY), "--max-bytes", str(spec.max_result_bytes),
+                              "--", *spec.command],
+                        env=dict(spec.env) or None)
                     streams = await stack.enter_async_context(
                         stdio_client(params, errlog=sys.stderr))
                 else:
@@ -262,6 +282,22 @@ class Upstream:
             log.info("upstream_tools_changed", tool=self.tool_id)
             self._stale = True
             self._on_tools_changed(self.tool_id)
+
+
+class ResultTooLarge(PermanentToolError):
+    """The server's answer was over ``max_result_bytes``: dropped before it was read."""
+
+    error_type = "result_too_large"
+
+
+def _too_large(exc: Exception) -> str | None:
+    """What the relay said of an answer it dropped (``the answer is N bytes; ...``)."""
+    error = getattr(exc, "error", None)
+    message = str(getattr(error, "message", ""))
+    if getattr(error, "code", None) != RELAY_TOO_LARGE or not message.startswith(
+            "result_too_large: "):
+        return None
+    return message.removeprefix("result_too_large: ")
 
 
 def _timed_out(exc: Exception) -> bool:

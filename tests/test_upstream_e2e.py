@@ -245,6 +245,12 @@ async def slow(seconds: float) -> str:
     return "late"
 
 
+@server.tool()
+def big(n: int) -> str:
+    """Answer n bytes of text."""
+    return "a" * n
+
+
 server.run("stdio")
 '''
 
@@ -523,3 +529,37 @@ def test_a_tool_that_runs_only_as_a_task_is_not_offered(
     why = daemon.call("GET", "/status").body["registry"]["not_on_host"]["task_mcp.tasky"]
     assert "only as an MCP task" in why
     assert daemon.call("POST", "/call/task_mcp.plain", {"text": "hi"}).status == 200
+
+
+def test_an_answer_over_max_result_bytes_is_refused_and_the_session_stays_usable(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """A 20 MiB answer (over the default 16 MiB) and one over a small configured bound are
+    error_permanent / result_too_large with the size; the daemon never reads them, its
+    health answers throughout, and the same session answers the next call."""
+    script = short_tmp / "staller.py"
+    script.write_text(STALLER)
+    daemon = up(textwrap.dedent(f"""
+        [tools.stall_mcp]
+        kind = "mcp"
+        command = ["{PY}", "{script}"]
+        timeout_s = 30
+
+        [tools.small_mcp]
+        kind = "mcp"
+        command = ["{PY}", "{script}"]
+        timeout_s = 30
+        max_result_bytes = 65536
+    """))
+    huge = daemon.call("POST", "/call/stall_mcp.big", {"n": 20 << 20})
+    assert huge.status == 502, huge.body
+    assert (huge.body["status"], huge.body["error_type"]) == ("error_permanent",
+                                                              "result_too_large")
+    assert "max_result_bytes is 16777216" in huge.body["message"]
+    assert daemon.call("GET", "/health").status == 200
+    fine = daemon.call("POST", "/call/stall_mcp.big", {"n": 1000})
+    assert fine.status == 200, fine.body
+    small = daemon.call("POST", "/call/small_mcp.big", {"n": 100_000})
+    assert small.body["error_type"] == "result_too_large"
+    assert "max_result_bytes is 65536" in small.body["message"]
+    again = daemon.call("POST", "/call/small_mcp.echo", {"text": "still here"})
+    assert again.status == 200, again.body
