@@ -59,6 +59,7 @@ run() {  # run NAME TIMEOUT_S ARGS...: one bench, its output to the log and the 
 run peers 240 bench/peers.py --seconds 2 --rounds 3 --results "$results"
 run dispatch 180 bench/dispatch.py --seconds 2 --rounds 3 --results "$results"
 run mcp_bridge 120 bench/mcp_bridge.py --rounds 5 --results "$results"
+run mcp_large 180 bench/mcp_large.py --rounds 2 --results "$results"
 run queue 240 bench/queue.py --jobs 1024 --rounds 3 --results "$results"
 run build 120 bench/build.py --repeat 3 --results "$results"
 run startup 120 bench/startup.py --rounds 5 --results "$results"
