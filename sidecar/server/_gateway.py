@@ -10,8 +10,8 @@ included (:class:`InvalidParams`), or a daemon that is draining
 a capability is as unknown as one never declared) → validate → the chain of
 steps (``_steps.py``: authorize → channel → consent → loops → before-hooks →
 error routing → invoke) → failure sink (the retry queue) → record (after-hooks,
-counters, the call log). The chain is composed once per capability and grant
-and cached on the policy. Hooks may be coroutines or plain functions; a plain
+counters, the call log). The chain is composed once per capability, grant and
+policy, and cached in the gateway. Hooks may be coroutines or plain functions; a plain
 one runs on the hook executor, never on the event loop. Each runs under
 ``hook_timeout_s``; a before-hook that raises or overruns blocks the call (fail
 closed) and says so.
@@ -47,6 +47,8 @@ from .._logging import log_call
 from ._grant import Grant, resolve
 from ._policy import NamedHook, Policy
 from ._result import STATUS_OF, ToolResult, ToolResultStatus
+from ._services import Caller
+from ._steps import PLAIN, STEPS, Call, CallOptions, Next, Outcome, compose
 
 __all__ = [
     "RUN_DISABLED_OPERATION",
@@ -58,8 +60,6 @@ __all__ = [
     "ToolResult",
     "ToolResultStatus",
 ]
-from ._services import Caller
-from ._steps import PLAIN, STEPS, Call, CallOptions, Next, Outcome, compose
 
 _GENERIC_TAGS = frozenset({"mcp"})
 """Tags that say where a capability comes from, not what it does."""
@@ -166,7 +166,8 @@ class Gateway:
         self._observe: Callable[[str, float], None] = observe or (lambda _name, _duration: None)
         self._ids = itertools.count(1)
         self._id_prefix = "g" + os.urandom(3).hex()
-        # (capability name, grant) -> (the capability and policy it was made for, the chain)
+        # (capability name, id of the grant) -> (the capability, policy and grant it was
+        # made for, the chain)
         self._chains: dict[tuple[str, int], tuple[Capability, Policy, Grant, Next]] = {}
 
     async def wait_idle(self) -> None:
@@ -219,7 +220,7 @@ class Gateway:
                             reason=f"outside the caller's grant ({caller.grant.describe()})",
                             request_id=request_id)
             raise
-        model = self._validate(cap, params)
+        model = self.validate(cap, params)
         # NaN fails both comparisons, so it is refused too.
         if timeout_s is not None and not 0 < timeout_s <= cap.timeout_s:
             raise InvalidTimeout(cap.name, f"{timeout_s:g}", cap.timeout_s)
@@ -282,7 +283,9 @@ class Gateway:
         return self._clock()
 
     @staticmethod
-    def _validate(cap: Capability, params: Mapping[str, Any]) -> BaseModel:
+    def validate(cap: Capability, params: Mapping[str, Any]) -> BaseModel:
+        """``params`` as ``cap``'s model; raise :class:`InvalidParams` naming every problem
+        (an unknown parameter among them)."""
         unknown = cap.unknown_params(params)
         if unknown:
             raise InvalidParams(cap.name, [
@@ -309,11 +312,9 @@ class Gateway:
         if status in ("success", "partial"):
             fields.setdefault("alternatives", [])
         elif "alternatives" not in fields:
+            # a caller hears of nothing outside its grant
             live, why = self._alternatives(registry, cap, fields.get("error_type"),
                                            grant.allows)
-            if grant.restricted:  # a caller hears of nothing outside its grant
-                live = [n for n in live if grant.allows(registry.get(n))]
-                why = {n: w for n, w in why.items() if grant.allows(registry.get(n))}
             fields["alternatives"] = live
             if why:
                 fields["unavailable_alternatives"] = why
@@ -398,14 +399,16 @@ class Gateway:
     @staticmethod
     def _alternatives(registry: Registry, cap: Capability, error_type: str | None,
                       allowed: Callable[[Capability], bool]) -> tuple[list[str], dict[str, str]]:
-        """What to try instead: the declared chain for this error (live ones, and the
-        disabled ones with why), else up to three live capabilities ``allowed`` takes in
-        sharing a tag that says what they do (never a write for a read)."""
+        """What to try instead, only among what ``allowed`` takes in: the declared chain for
+        this error (live ones, and the disabled ones with why), else up to three live
+        capabilities sharing a tag that says what they do (never a write for a read)."""
         chain = cap.fallbacks_for(error_type or "")
         if chain:
             live: list[str] = []
             why: dict[str, str] = {}
             for name in chain:
+                if not allowed(registry.get(name)):
+                    continue
                 entry = registry.disabled_entry(name)
                 if entry is None:
                     live.append(name)

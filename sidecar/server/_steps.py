@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from capd.registry import Capability, Registry, ThreadHandle
 
+from .._errors import InvalidParams
 from ._grant import Grant
 from ._result import ToolResult
 from ._services import Caller
@@ -77,6 +78,9 @@ class Answers(Protocol):
 
     def refuse(self, call: Call, kind: str, error_type: str, message: str,
                **fields: Any) -> ToolResult: ...
+    def validate(self, cap: Capability, params: Mapping[str, Any]) -> BaseModel:
+        """``params`` as ``cap``'s model; raises ``InvalidParams``."""
+        ...
     async def run(self, call: Call) -> Outcome: ...
     def clock(self) -> float: ...
 
@@ -268,6 +272,7 @@ class ErrorRouting(_Step):
         cap, registry, policy, caller = call.capability, call.registry, call.policy, call.caller
         options = call.options
         tried = []
+        raw = call.params.model_dump(mode="json")  # what each fallback is called with
         for name in cap.fallbacks_for(failed.error_type or ""):
             left_s = (None if options.timeout_s is None
                       else options.timeout_s - (self._answers.clock() - call.started))
@@ -279,11 +284,8 @@ class ErrorRouting(_Step):
             if not caller.grant.allows(other):  # never run, or name, what is hidden
                 continue
             try:
-                raw = call.params.model_dump(mode="json")
-                model = other.parameters.model_validate(raw)
-            except ValueError:
-                continue
-            if other.unknown_params(raw):
+                model = self._answers.validate(other, raw)
+            except InvalidParams:  # parameters it does not take: not an alternative here
                 continue
             tried.append(other.name)
             answer, _ = await self._answers.run(call._replace(
