@@ -12,7 +12,7 @@ declared (the way a hidden capability is unknown to it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from capd.registry import (
@@ -45,8 +45,10 @@ TOML = "application/toml"
 
 
 def _resolve(ctx: Context, name: str, context: Mapping[str, str],
-             agents: Mapping[str, AgentSpec] | None = None) -> AgentResolution:
-    """Resolve ``name`` for this caller; raises UnknownAgent or UnresolvedAgent.
+             agents: Mapping[str, AgentSpec] | None = None,
+             injections: Sequence[InjectionSpec] | None = None) -> AgentResolution:
+    """Resolve ``name`` for this caller (``injections``: the ones it may know of, when
+    already found); raises UnknownAgent or UnresolvedAgent.
 
     For a caller whose grant is limited, an agent that resolves (in this context:
     an injection may add more) to anything outside the grant is unknown to it.
@@ -54,30 +56,30 @@ def _resolve(ctx: Context, name: str, context: Mapping[str, str],
     d = ctx.services
     known = d.loaded.agents if agents is None else agents
     resolution = resolve_agent(
-        name, agents=known, injections=_injections(ctx), registry=d.registry,
-        context=context, bridge=BridgeLaunch(capd_command(), d.socket_path))
+        name, agents=known, injections=_injections(ctx) if injections is None else injections,
+        registry=d.registry, context=context,
+        bridge=BridgeLaunch(capd_command(), d.socket_path))
     grant = ctx.caller.grant
-    if grant.restricted and not all(grant.allows(d.registry.get(n))
+    if grant.restricted and not all(grant.reaches(d.registry, n)
                                     for n in resolution.capabilities):
         raise UnknownAgent(name, [])
     return resolution
 
 
 def _agents(ctx: Context) -> Mapping[str, AgentSpec]:
-    """The agents this caller may see: all of them, unless it is bound to a profile."""
-    d = ctx.services
-    agents = d.loaded.agents
-    if not d.policy.bound(ctx.caller):
+    """The agents this caller may see: all of them, unless its grant is limited; then
+    those that resolve wholly inside it."""
+    agents = ctx.services.loaded.agents
+    if not ctx.caller.grant.restricted:
         return agents
-    registry = d.registry
+    injections = _injections(ctx)  # once, not once per agent
     seen = {}
     for name, spec in agents.items():
         try:
-            resolution = _resolve(ctx, name, {}, agents)
+            _resolve(ctx, name, {}, agents, injections)
         except (UnresolvedAgent, UnknownAgent):  # broken, or reaching outside the grant
             continue
-        if all(ctx.caller.grant.allows(registry.get(n)) for n in resolution.capabilities):
-            seen[name] = spec
+        seen[name] = spec
     return seen
 
 
@@ -100,7 +102,7 @@ def _injections(ctx: Context) -> list[InjectionSpec]:
 
     def inside(injection: InjectionSpec) -> bool:
         selections = [select_capabilities(registry, entry) for entry in injection.add]
-        return all(s.problem is None and all(grant.allows(registry.get(n))
+        return all(s.problem is None and all(grant.reaches(registry, n)
                                              for n in s.capabilities) for s in selections)
 
     return [i for i in injections if inside(i)]

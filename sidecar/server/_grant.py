@@ -99,6 +99,11 @@ class Grant:
             return False
         return self.narrowing is None or self.narrowing.allows(cap)
 
+    def reaches(self, registry: Registry, name: str) -> bool:
+        """Whether a capability named ``name`` in ``registry`` exists inside this grant
+        (what may be named to the caller in an answer)."""
+        return name in registry and self.allows(registry.get(name))
+
     def speaks_for(self, cap: Capability) -> bool:
         """Whether this grant's channel is one ``cap`` runs for (any, if it names none)."""
         return not cap.channels or self.channel in cap.channels

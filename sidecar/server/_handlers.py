@@ -447,7 +447,7 @@ def _shown(ctx: Context) -> Callable[[str], bool]:
     grant, registry = ctx.caller.grant, ctx.services.registry
     if not grant.restricted:
         return lambda _name: True
-    return lambda name: name in registry and grant.allows(registry.get(name))
+    return lambda name: grant.reaches(registry, name)
 
 
 async def recheck(ctx: Context) -> Reply:
