@@ -136,9 +136,9 @@ class LoopDetector:
 
     def before(self, session: str | None, capability: str, params: Any) -> LoopVerdict:
         """Count a call about to run; the verdict for it."""
-        p = self.policy
-        if not p.enabled or (session is None and not p.anonymous):
+        if not self.checks(session):
             return ALLOW
+        p = self.policy
         key = session or "(anonymous)"
         now = self._clock()
         state = self._session(key)

@@ -61,17 +61,19 @@ class Caller:
             return self.session
         if self.pid is None:
             return None
-        tag = self.grant.tag
-        return f"peer:{self.uid}:{self.pid}" if tag is None else f"{tag}:{self.uid}"
+        return self._grant_key or f"peer:{self.uid}:{self.pid}"
 
     @property
     def agent_key(self) -> str | None:
         """For an agent in a session, the count its sessions share (uid and grant), so
         making up a new session name starts no fresh count; None otherwise."""
+        return None if self.session is None else self._grant_key
+
+    @property
+    def _grant_key(self) -> str | None:
+        """An agent's count by uid and grant; None for a caller that is no agent."""
         tag = self.grant.tag
-        if tag is None or self.session is None or self.uid is None:
-            return None
-        return f"{tag}:{self.uid}"
+        return None if tag is None or self.uid is None else f"{tag}:{self.uid}"
 
 
 @dataclass
