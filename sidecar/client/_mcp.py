@@ -138,15 +138,9 @@ class DaemonLink:
         # detection and of session consent grants.
         self.agent_session = session or secrets.token_hex(8)
         self._base_headers = {"Capd-Session": self.agent_session}
-        self.hold_to(grant)
-        self._http = UnixHttp(socket_path, timeout_s=300.0)
-
-    def hold_to(self, grant: str | None) -> None:
-        """Send ``grant`` (a ``Capd-Grant`` value) with every request from now on."""
-        if grant is None:
-            self._base_headers.pop("Capd-Grant", None)
-        else:
+        if grant is not None:  # what the daemon holds every request of this bridge to
             self._base_headers["Capd-Grant"] = grant
+        self._http = UnixHttp(socket_path, timeout_s=300.0)
 
     async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
                       body: Any = None, headers: dict[str, str] | None = None
@@ -255,13 +249,9 @@ class Bridge:
     profile: Profile | None = None
     direct_tags: frozenset[str] | None = None
     poll_s: float = 2.0
-    channel: str | None = None
     _direct: dict[str, types.Tool] = field(default_factory=dict)
     _operator: dict[str, McpTool] = field(default_factory=dict)  # offered, by tool name
     _session: Any = None
-
-    def __post_init__(self) -> None:
-        self.link.hold_to(grant_header(self.profile, self.channel))
 
     # ------------------------------------------------------------ helpers
 

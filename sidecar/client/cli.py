@@ -181,7 +181,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from .._logging import configure_logging
-    from ._mcp import Bridge, DaemonLink, serve
+    from ._mcp import Bridge, DaemonLink, grant_header, serve
 
     configure_logging("warning", "json", stream=sys.stderr)  # stdout is the MCP channel
     profile = _bridge_profile(args)
@@ -191,9 +191,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if channel is not None and not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", channel):
         raise UsageError(f"--channel {channel!r}: a channel is 1-64 lower-case letters, "
                          "digits, '.', '_' or '-'")
-    bridge = Bridge(DaemonLink(_socket_path(args.socket)), profile=profile,
-                    direct_tags=frozenset(args.tag or ()) if args.expose == "direct" else None,
-                    channel=channel)
+    link = DaemonLink(_socket_path(args.socket), grant=grant_header(profile, channel))
+    bridge = Bridge(link, profile=profile,
+                    direct_tags=frozenset(args.tag or ()) if args.expose == "direct" else None)
 
     async def main() -> None:
         try:
