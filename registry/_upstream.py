@@ -458,12 +458,21 @@ def needs_tasks(tool: types.Tool) -> bool:
 
 def left_out_tools(tool_id: str, spec: McpProbe, tools: Sequence[types.Tool]) -> dict[str, str]:
     """The capabilities an upstream's tools would be, left out, with why (by name)."""
-    prefix = spec.prefix or re.sub(r"[^a-z0-9_]", "_", tool_id.lower())
+    prefix = _prefix(tool_id, spec)
     return {capability_name(prefix, t.name): (
         f"{tool_id} runs {t.name} only as an MCP task (execution.taskSupport = required), "
         "and capd calls tools with tools/call; it is not offered")
-        for t in tools if _matches(t.name, spec.include) and not _matches(t.name, spec.exclude)
-        and needs_tasks(t)}
+        for t in tools if _listed(t, spec) and needs_tasks(t)}
+
+
+def _prefix(tool_id: str, spec: McpProbe) -> str:
+    """What an upstream's capability names start with: its ``prefix``, else the tool id."""
+    return spec.prefix or re.sub(r"[^a-z0-9_]", "_", tool_id.lower())
+
+
+def _listed(tool: types.Tool, spec: McpProbe) -> bool:
+    """Whether ``include``/``exclude`` let the server's ``tool`` through."""
+    return _matches(tool.name, spec.include) and not _matches(tool.name, spec.exclude)
 
 
 def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.Tool],
@@ -471,12 +480,10 @@ def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.To
                                          Awaitable[types.CallToolResult]],
                           source: str) -> list[Capability]:
     """One capability per listed tool (through include/exclude)."""
-    prefix = spec.prefix or re.sub(r"[^a-z0-9_]", "_", tool_id.lower())
+    prefix = _prefix(tool_id, spec)
     out: list[Capability] = []
     for tool in tools:
-        if not _matches(tool.name, spec.include) or _matches(tool.name, spec.exclude):
-            continue
-        if needs_tasks(tool):  # see left_out_tools: it would always fail
+        if not _listed(tool, spec) or needs_tasks(tool):  # task-only: see left_out_tools
             continue
         notes = tool.annotations
         read_only = bool(notes and notes.read_only_hint)
