@@ -453,44 +453,51 @@ def test_a_bound_caller_cannot_widen_its_grant(tb: Callable[..., DaemonProcess])
 
 FD_PASSING = '''
 import os, socket, sys, time
-sock = socket.socket(socket.AF_UNIX)
-sock.connect(sys.argv[1])
-parent = os.getpid()
-if os.fork() == 0:
-    # the child: wait until the process that connected is gone, then use its connection
-    while os.getppid() == parent:
-        time.sleep(0.01)
-    time.sleep(0.2)
-    for name in ("tb.secret", "tb.echo"):
-        body = b"{}"
-        sock.sendall(b"POST /call/" + name.encode() + b" HTTP/1.1\\r\\nHost: capd\\r\\n"
-                     b"Content-Type: application/json\\r\\nContent-Length: 2\\r\\n\\r\\n" + body)
-        data = b""
-        while b"\\r\\n\\r\\n" not in data:
-            data += sock.recv(65536)
-        head, _, rest = data.partition(b"\\r\\n\\r\\n")
-        lines = head.split(b"\\r\\n")
-        length = int([h for h in lines if h.lower().startswith(b"content-length")][0]
-                     .split(b":")[1])
-        while len(rest) < length:
-            rest += sock.recv(65536)
-        print(head.split(b" ")[1].decode(), flush=True)
+
+# The connector connects, hands the connection to a child and exits; this process reaps
+# it (so nothing of it is left in /proc), and only then does the child use the connection.
+reaped = os.pipe()
+connector = os.fork()
+if connector == 0:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(sys.argv[1])
+    if os.fork() == 0:
+        os.close(reaped[1])
+        os.read(reaped[0], 1)  # until the connector has been reaped
+        for name in ("tb.secret", "tb.echo"):
+            sock.sendall(b"POST /call/" + name.encode() + b" HTTP/1.1\\r\\nHost: capd\\r\\n"
+                         b"Content-Type: application/json\\r\\nContent-Length: 2\\r\\n\\r\\n{}")
+            data = b""
+            while b"\\r\\n\\r\\n" not in data:
+                data += sock.recv(65536)
+            head, _, rest = data.partition(b"\\r\\n\\r\\n")
+            lines = head.split(b"\\r\\n")
+            length = int([h for h in lines if h.lower().startswith(b"content-length")][0]
+                         .split(b":")[1])
+            while len(rest) < length:
+                rest += sock.recv(65536)
+            print(head.split(b" ")[1].decode(), flush=True)
+        os._exit(0)
     os._exit(0)
-os._exit(0)
+os.waitpid(connector, 0)
+gone = not os.path.exists(f"/proc/{connector}")
+os.write(reaped[1], b"x")
+print("reaped" if gone else "not reaped", flush=True)
+os.wait()
 '''
 
 
 def test_a_gid_binding_holds_after_the_connecting_process_exits(
         tb: Callable[..., DaemonProcess], short_tmp: Path) -> None:
-    """The process in the bound group connects, hands the connection to a child and exits;
-    the child, calling after that, is still restricted (the groups came with the
-    connection, not from /proc later)."""
+    """The process in the bound group connects, hands the connection to a child and exits,
+    and is reaped; the child, calling after that, is still restricted (the groups came
+    with the connection, not from /proc later)."""
     daemon = tb()
     script = short_tmp / "fd_passing.py"
     script.write_text(FD_PASSING)
     done = subprocess.run([*AS_AGENT, sys.executable, str(script), str(daemon.socket)],
                           capture_output=True, text=True, timeout=60, check=False)
-    assert done.stdout.split() == ["404", "200"], (done.stdout, done.stderr)
+    assert done.stdout.split() == ["reaped", "404", "200"], (done.stdout, done.stderr)
 
 
 def test_a_revoked_group_and_a_revoked_operator_lose_access_at_reload(
