@@ -91,6 +91,18 @@ def server_pid(daemon: DaemonProcess, module: str) -> int:
     raise AssertionError(f"no {module} process under the daemon")
 
 
+def stdio_tool(folder: Path, tool: str, source: str, *args: str, **settings: object) -> str:
+    """Write ``source`` as ``<tool>.py`` in ``folder``; the ``[tools.<tool>]`` table that
+    runs it as a stdio MCP server (``timeout_s`` 30 unless ``settings`` say otherwise)."""
+    script = folder / f"{tool}.py"
+    script.write_text(source)
+    argv = json.dumps([PY, str(script), *args])
+    lines = [f"[tools.{tool}]", 'kind = "mcp"', f"command = {argv}",
+             *(f"{key} = {json.dumps(value)}"
+               for key, value in {"timeout_s": 30, **settings}.items())]
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def caps(daemon: DaemonProcess) -> dict[str, dict[str, Any]]:
     body = daemon.call("GET", "/capabilities").body
     return {c["name"]: c for c in body["capabilities"]}
@@ -200,13 +212,7 @@ def test_tools_list_changed_is_followed_and_upstreams_answer_through_capd_mcp(
 
     from .test_mcp import bridge, data
 
-    (short_tmp / "grower.py").write_text(GROWER)
-    daemon = up(textwrap.dedent(f"""
-        [tools.grow_mcp]
-        kind = "mcp"
-        command = ["{PY}", "{short_tmp / 'grower.py'}"]
-        timeout_s = 30
-    """))
+    daemon = up(stdio_tool(short_tmp, "grow_mcp", GROWER))
     assert "grow_mcp.extra" not in caps(daemon)
     assert daemon.call("POST", "/call/grow_mcp.grow", {}).status == 200
     daemon.wait_event("reload_for_upstream")
@@ -268,16 +274,9 @@ def test_a_call_past_call_timeout_is_transient_and_a_stalled_server_is_restarted
         up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
     """A slow tool answers a transient error past call_timeout_s (the server still pings);
     a SIGSTOPped server misses its ping, is killed and started again, with no reload."""
-    script = short_tmp / "staller.py"
-    script.write_text(STALLER)
-    daemon = up(textwrap.dedent(f"""
-        [tools.stall_mcp]
-        kind = "mcp"
-        command = ["{PY}", "{script}"]
-        timeout_s = 30
-        call_timeout_s = 1
-        ping_timeout_s = 2
-    """))
+    daemon = up(stdio_tool(short_tmp, "stall_mcp", STALLER, call_timeout_s=1,
+                           ping_timeout_s=2))
+    script = short_tmp / "stall_mcp.py"
     slow = daemon.call("POST", "/call/stall_mcp.slow", {"seconds": 5})
     # no readOnlyHint: a write, so the transient failure is queued (manual: parked)
     assert slow.status == 202, slow.body
@@ -309,13 +308,7 @@ def test_a_burst_of_list_changed_is_one_reload(
         up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
     """A server announcing a changed list 100 times a second for 2 s gets a reload per
     half second at most (back to back, each reload answered by the next, it had dozens)."""
-    (short_tmp / "grower.py").write_text(GROWER)
-    daemon = up(textwrap.dedent(f"""
-        [tools.grow_mcp]
-        kind = "mcp"
-        command = ["{PY}", "{short_tmp / 'grower.py'}"]
-        timeout_s = 30
-    """))
+    daemon = up(stdio_tool(short_tmp, "grow_mcp", GROWER))
     flood = daemon.call("POST", "/call/grow_mcp.flood", {"n": 200, "pause_s": 0.01})
     assert flood.status == 200, flood.body
     daemon.wait_event("reload_for_upstream")
@@ -372,13 +365,7 @@ def test_every_content_block_is_relayed_over_the_socket_and_through_the_bridge(
 
     from .test_mcp import bridge
 
-    (short_tmp / "painter.py").write_text(PAINTER)
-    daemon = up(textwrap.dedent(f"""
-        [tools.paint_mcp]
-        kind = "mcp"
-        command = ["{PY}", "{short_tmp / 'painter.py'}"]
-        timeout_s = 30
-    """))
+    daemon = up(stdio_tool(short_tmp, "paint_mcp", PAINTER))
     answer = daemon.call("POST", "/call/paint_mcp.paint", {"title": "a cat"})
     assert answer.status == 200, answer.body
     kinds = [b["type"] for b in answer.body["content"]]
@@ -459,18 +446,10 @@ server.run("stdio")
 
 def test_capd_check_starts_each_upstream_once(short_tmp: Path) -> None:
     """capd check lists an upstream's tools and probes it on one session: one start."""
-    (short_tmp / "counted.py").write_text(COUNTED)
     starts = short_tmp / "starts.log"
     config = short_tmp / "capd.toml"
-    config.write_text(textwrap.dedent(f"""
-        entry_points = false
-        state_dir = "state"
-
-        [tools.count_mcp]
-        kind = "mcp"
-        command = ["{PY}", "{short_tmp / 'counted.py'}", "{starts}"]
-        timeout_s = 30
-    """))
+    config.write_text('entry_points = false\nstate_dir = "state"\n'
+                      + stdio_tool(short_tmp, "count_mcp", COUNTED, str(starts)))
     done = subprocess.run([PY, "-m", "capd", "check", "--config", str(config), "--json"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -516,13 +495,7 @@ def test_a_tool_that_runs_only_as_a_task_is_not_offered(
         up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
     """A tool whose execution.taskSupport is required would fail every tools/call: it is
     left out with why (capd status), its sibling is offered and answers."""
-    (short_tmp / "tasky.py").write_text(TASKY)
-    daemon = up(textwrap.dedent(f"""
-        [tools.task_mcp]
-        kind = "mcp"
-        command = ["{PY}", "{short_tmp / 'tasky.py'}"]
-        timeout_s = 30
-    """))
+    daemon = up(stdio_tool(short_tmp, "task_mcp", TASKY))
     found = caps(daemon)
     assert "task_mcp.plain" in found
     assert "task_mcp.tasky" not in found
@@ -536,20 +509,8 @@ def test_an_answer_over_max_result_bytes_is_refused_and_the_session_stays_usable
     """A 20 MiB answer (over the default 16 MiB) and one over a small configured bound are
     error_permanent / result_too_large with the size; the daemon never reads them, its
     health answers throughout, and the same session answers the next call."""
-    script = short_tmp / "staller.py"
-    script.write_text(STALLER)
-    daemon = up(textwrap.dedent(f"""
-        [tools.stall_mcp]
-        kind = "mcp"
-        command = ["{PY}", "{script}"]
-        timeout_s = 30
-
-        [tools.small_mcp]
-        kind = "mcp"
-        command = ["{PY}", "{script}"]
-        timeout_s = 30
-        max_result_bytes = 65536
-    """))
+    daemon = up(stdio_tool(short_tmp, "stall_mcp", STALLER)
+                + stdio_tool(short_tmp, "small_mcp", STALLER, max_result_bytes=65536))
     huge = daemon.call("POST", "/call/stall_mcp.big", {"n": 20 << 20})
     assert huge.status == 502, huge.body
     assert (huge.body["status"], huge.body["error_type"]) == ("error_permanent",
