@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -270,3 +271,22 @@ def write_e2e_config(folder: Path, web_port: int, **settings: Any) -> Path:
     config = folder / "capd.toml"
     config.write_text("\n".join(lines))
     return config
+
+
+@contextlib.contextmanager
+def daemons_on(folder: Path, write_config: Callable[[Path, str], Path]
+               ) -> Iterator[Callable[..., DaemonProcess]]:
+    """A starter of real daemons on ``write_config(folder, extra)``'s config and the
+    socket ``folder/capd.sock``, each ready when it returns; all are killed on exit."""
+    started: list[DaemonProcess] = []
+
+    def start(extra: str = "") -> DaemonProcess:
+        daemon = DaemonProcess(write_config(folder, extra), folder / "capd.sock").start()
+        started.append(daemon)  # killed on exit even if it never becomes ready
+        return daemon.wait_ready()
+
+    try:
+        yield start
+    finally:
+        for daemon in started:
+            daemon.kill()

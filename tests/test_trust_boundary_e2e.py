@@ -28,7 +28,7 @@ from mcp.client.stdio import stdio_client
 
 from capd.sidecar.client._client import Response, request
 
-from .daemon import DaemonProcess
+from .daemon import DaemonProcess, daemons_on
 from .test_security_metrics import curl_as, open_up, peer_uid  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow  # starts the real daemon, the CLI and the bridge
@@ -201,19 +201,10 @@ def write_config(folder: Path, extra: str = "") -> Path:
 
 @pytest.fixture
 def tb(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    started: list[DaemonProcess] = []
-
-    def start(extra: str = "") -> DaemonProcess:
-        config = write_config(short_tmp, extra)
-        daemon = DaemonProcess(config, short_tmp / "capd.sock").start().wait_ready()
-        started.append(daemon)
-        return daemon
-
     if shutil.which("setpriv") is None or os.geteuid() != 0:
         pytest.skip("a second group for the agent needs root and setpriv (util-linux)")
-    yield start
-    for daemon in started:
-        daemon.kill()
+    with daemons_on(short_tmp, write_config) as start:
+        yield start
 
 
 def agent_http(daemon: DaemonProcess, method: str, path: str,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .daemon import DaemonProcess
+from .daemon import DaemonProcess, daemons_on
 
 pytestmark = pytest.mark.slow  # starts the real daemon and real MCP servers as processes
 
@@ -61,17 +61,8 @@ def repo(short_tmp: Path) -> Path:
 
 @pytest.fixture
 def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    started: list[DaemonProcess] = []
-
-    def start(extra: str = "") -> DaemonProcess:
-        config = write_config(short_tmp, extra)
-        daemon = DaemonProcess(config, short_tmp / "capd.sock").start().wait_ready()
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
+    with daemons_on(short_tmp, write_config) as start:
+        yield start
 
 
 def server_pid(daemon: DaemonProcess, module: str) -> int:
