@@ -68,6 +68,7 @@ from ._errors import (
     UnknownCapability,
     UnknownTopology,
 )
+from ._events import CALL_EVENTS, CallEvents, CannotAsk, current_events
 from ._hooks import HookSpec, after_call, before_call
 from ._model import (
     SAFETY_LEVELS,
@@ -132,15 +133,24 @@ from ._topology import (
     parse_count_overrides,
     validate_topology,
 )
-from ._upstream import Upstream, UpstreamError, UpstreamPool
+from ._upstream import (
+    UnknownOffer,
+    Upstream,
+    UpstreamError,
+    UpstreamPool,
+    contents_as_json,
+)
 from ._urls import UrlHost, read_url
 
 __all__ = [
     "ALIAS_MARK",
+    "CALL_EVENTS",
     "SAFETY_LEVELS",
     "AgentSpec",
     "Blocked",
     "BuildConfig",
+    "CallEvents",
+    "CannotAsk",
     "Capability",
     "CapabilitySpec",
     "CapdError",
@@ -207,6 +217,7 @@ __all__ = [
     "TransientToolError",
     "UnixProbe",
     "UnknownCapability",
+    "UnknownOffer",
     "UnknownTopology",
     "Upstream",
     "UpstreamError",
@@ -217,6 +228,8 @@ __all__ = [
     "build",
     "capability",
     "classify_address",
+    "contents_as_json",
+    "current_events",
     "describe_validation_error",
     "estimate_tokens",
     "expand_topology",

@@ -24,7 +24,20 @@ holds the answer, and the session stays usable. (A streamable-HTTP server's answ
 not bounded this way.)
 
 A server's ``notifications/tools/list_changed`` calls ``on_tools_changed`` (the
-daemon reloads, and the new list becomes the new capabilities).
+daemon refreshes that server's tools, and the new list becomes its capabilities).
+
+Calls as they happen. A call's progress notifications go to the stream of the
+caller that made it (:mod:`._events`), and a caller that goes away cancels the
+call (the SDK sends the server ``notifications/cancelled``, as it does past
+``call_timeout_s``). Over stdio a server's sampling and elicitation requests and
+its log messages name no call: capd relays them to the caller of the one call in
+flight on that server, and refuses a request (with why) when there is none, more
+than one, or its caller cannot answer — it never sends one to another client.
+
+Resources and prompts. A server that offers them has its lists read at the
+handshake (and again after its ``list_changed``); :class:`UpstreamPool` serves them
+under the server's prefix: a prompt ``<prefix>.<name>``, a resource
+``capd://<prefix>/<the server's uri>`` (templates alike).
 
 Every tool the server lists (through ``include``/``exclude`` globs) becomes a
 capability ``<prefix>.<tool>`` requiring the server's tool id: the upstream's
@@ -50,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from ._events import KIND_OF_METHOD, CallEvents, CannotAsk, current_events
 from ._model import DESCRIPTION_MAX_TOKENS, Capability, McpProbe, Safety, estimate_tokens
 from ._outcomes import PermanentToolError, ToolAnswer, ToolUnavailable, TransientToolError
 
@@ -90,6 +104,12 @@ class Upstream:
         self._stale = False  # the server said its list changed: list again before use
         self._teardowns: set[asyncio.Task[None]] = set()  # stalled sessions being closed
         self._holding: asyncio.Task[None] | None = None  # the task waiting on its stop
+        # The calls in flight, each with its caller's stream (None: the caller has none).
+        self._inflight: dict[int, CallEvents | None] = {}
+        self._calls = 0
+        # What the server offers beside tools (read at the handshake, again once stale).
+        self.offers: dict[str, list[Any]] = {"resources": [], "templates": [], "prompts": []}
+        self._offers_stale = False
 
     @property
     def connected(self) -> bool:
@@ -154,9 +174,18 @@ class Upstream:
         if session is None:
             raise ToolUnavailable(f"MCP server {self.tool_id} is not connected; capd "
                                   "reconnects at the next probe", tool=self.tool_id)
+        events = current_events()
+        progress = None
+        if events is not None:
+            async def progress(done: float, total: float | None, message: str | None) -> None:
+                events.progress(done, total, message)
+        self._calls += 1
+        token = self._calls
+        self._inflight[token] = events
         try:
             result: types.CallToolResult = await session.call_tool(
-                name, arguments, read_timeout_seconds=self.spec.call_timeout_s)
+                name, arguments, read_timeout_seconds=self.spec.call_timeout_s,
+                progress_callback=progress)
         except (OSError, EOFError) as exc:
             await self._drop()
             raise ToolUnavailable(f"MCP server {self.tool_id} went away "
@@ -175,7 +204,92 @@ class Upstream:
                                       f"({type(exc).__name__}: {exc})",
                                       tool=self.tool_id) from exc
             raise
+        finally:
+            del self._inflight[token]
         return result
+
+    def _caller_of_request(self, kind: str) -> CallEvents:
+        """The stream of the one call in flight, if its caller can answer ``kind``;
+        raise :class:`CannotAsk` (saying why) otherwise."""
+        if not self._inflight:
+            raise CannotAsk(f"capd relays a {kind} request only to the client whose call "
+                            f"made it, and no call to {self.tool_id} is in flight")
+        if len(self._inflight) > 1:
+            raise CannotAsk(f"{len(self._inflight)} calls to {self.tool_id} are in flight and "
+                            f"the {kind} request names none of them; capd sends it to none")
+        events = next(iter(self._inflight.values()))
+        if events is None:
+            raise CannotAsk(f"the client of this call to {self.tool_id} opened no stream "
+                            f"(Accept: application/x-ndjson), so it cannot answer {kind}")
+        if kind not in events.answers:
+            raise CannotAsk(f"the client of this call to {self.tool_id} cannot answer {kind}")
+        return events
+
+    async def _ask(self, method: str, params: Any, result_type: Any) -> Any:
+        """A server-to-client request, relayed to the caller of the call that made it."""
+        import mcp_types as types
+
+        kind = KIND_OF_METHOD[method]
+        try:
+            events = self._caller_of_request(kind)
+            raw = await events.ask(method, params.model_dump(mode="json", by_alias=True,
+                                                             exclude_none=True))
+            return result_type.model_validate(raw)
+        except CannotAsk as exc:
+            log.info("upstream_request_refused", tool=self.tool_id, method=method,
+                     reason=str(exc))
+            return types.ErrorData(code=types.INVALID_REQUEST, message=str(exc))
+        except ValueError as exc:
+            return types.ErrorData(code=types.INVALID_PARAMS,
+                                   message=f"the client's answer to {method} is not valid: {exc}")
+
+    async def _sampling(self, context: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        return await self._ask("sampling/createMessage", params, types.CreateMessageResult)
+
+    async def _elicitation(self, context: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        return await self._ask("elicitation/create", params, types.ElicitResult)
+
+    async def _logging(self, params: Any) -> None:
+        if len(self._inflight) == 1:
+            events = next(iter(self._inflight.values()))
+            if events is not None:
+                events.log(str(params.level), params.logger, params.data)
+                return
+        log.info("upstream_log", tool=self.tool_id, level=str(params.level),
+                 logger=params.logger, data=params.data)
+
+    async def offered(self, kind: str) -> list[Any]:
+        """The server's resources, resource templates or prompts (``kind``), read again
+        when it said they changed; what it offered last when it cannot be asked now."""
+        session = self._session if self.connected else None
+        if session is not None and self._offers_stale:
+            self._offers_stale = False
+            with contextlib.suppress(Exception):
+                self.offers = await _list_offers(session)
+        return list(self.offers[kind])
+
+    def _session_or_unavailable(self) -> Any:
+        session = self._session if self.connected else None
+        if session is None:
+            raise ToolUnavailable(f"MCP server {self.tool_id} is not connected; capd "
+                                  "reconnects at the next probe", tool=self.tool_id)
+        return session
+
+    async def read_resource(self, uri: str) -> Any:
+        """``resources/read`` of the server's ``uri``."""
+        session = self._session_or_unavailable()
+        async with asyncio.timeout(self.spec.call_timeout_s):
+            return await session.read_resource(uri)
+
+    async def get_prompt(self, name: str, arguments: dict[str, str]) -> Any:
+        """``prompts/get`` of the server's prompt ``name``."""
+        session = self._session_or_unavailable()
+        async with asyncio.timeout(self.spec.call_timeout_s):
+            return await session.get_prompt(name, arguments)
 
     async def _after_timeout(self, name: str) -> Exception:
         """What a call that got no answer in time raises: a transient timeout when the
@@ -257,9 +371,13 @@ class Upstream:
                     streams = await stack.enter_async_context(streamable_http_client(spec.url))
                 read, write = streams[0], streams[1]
                 session = await stack.enter_async_context(
-                    ClientSession(read, write, message_handler=self._message))
+                    ClientSession(read, write, message_handler=self._message,
+                                  sampling_callback=self._sampling,
+                                  elicitation_callback=self._elicitation,
+                                  logging_callback=self._logging))
                 await session.initialize()
                 tools = await _list_all(session)
+                self.offers = await _list_offers(session)
                 self._session = session
                 if not ready.done():
                     ready.set_result(tools)
@@ -282,6 +400,9 @@ class Upstream:
             log.info("upstream_tools_changed", tool=self.tool_id)
             self._stale = True
             self._on_tools_changed(self.tool_id)
+        elif isinstance(message, types.ResourceListChangedNotification | \
+                        types.PromptListChangedNotification):
+            self._offers_stale = True
 
 
 class ResultTooLarge(PermanentToolError):
@@ -332,6 +453,34 @@ async def _list_all(session: Any) -> list[types.Tool]:
             return tools
 
 
+async def _list_offers(session: Any) -> dict[str, list[Any]]:
+    """The resources, resource templates and prompts a server offers (none of a kind
+    it does not declare; a listing that fails is an empty one, logged)."""
+    offers: dict[str, list[Any]] = {"resources": [], "templates": [], "prompts": []}
+    capabilities = session.server_capabilities
+    listings = []
+    if capabilities is not None and capabilities.resources is not None:
+        listings += [("resources", session.list_resources, "resources"),
+                     ("templates", session.list_resource_templates, "resource_templates")]
+    if capabilities is not None and capabilities.prompts is not None:
+        listings.append(("prompts", session.list_prompts, "prompts"))
+    import mcp_types as types
+
+    for kind, method, field_name in listings:
+        cursor: str | None = None
+        try:
+            for _ in range(1000):  # a server paging forever is not followed forever
+                page = await method(
+                    params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+                offers[kind].extend(getattr(page, field_name))
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        except Exception as exc:
+            log.warning("upstream_listing_failed", kind=kind, error=repr(exc))
+    return offers
+
+
 class UpstreamPool:
     """The daemon's sessions to its MCP servers, by tool id (kept across reloads)."""
 
@@ -372,11 +521,88 @@ class UpstreamPool:
         except Exception as exc:
             return list(upstream.tools), str(exc)
 
+    def prefixes(self) -> dict[str, Upstream]:
+        """Every upstream by the prefix its names carry."""
+        return {_prefix(tool_id, u.spec): u for tool_id, u in self._upstreams.items()}
+
+    async def offered(self, kind: str) -> list[tuple[str, Upstream, dict[str, Any]]]:
+        """What every server offers of ``kind`` (``resources``, ``templates``,
+        ``prompts``), named under its prefix: (prefix, upstream, the item as JSON)."""
+        out: list[tuple[str, Upstream, dict[str, Any]]] = []
+        for prefix, upstream in sorted(self.prefixes().items()):
+            for item in await upstream.offered(kind):
+                out.append((prefix, upstream, offer_as_json(prefix, kind, item)))
+        return out
+
+    def resource_server(self, uri: str) -> tuple[Upstream, str]:
+        """The upstream a ``capd://<prefix>/<uri>`` names and the server's own uri; raise
+        :class:`UnknownOffer` for any other."""
+        prefix, own = split_resource_uri(uri)
+        upstream = self.prefixes().get(prefix)
+        if upstream is None:
+            raise UnknownOffer(f"no MCP server has the prefix {prefix!r} (from {uri!r}); "
+                               "list resources with GET /resources")
+        return upstream, own
+
+    def prompt_server(self, name: str) -> tuple[Upstream, str]:
+        """The upstream of prompt ``<prefix>.<name>`` and the server's own name."""
+        prefix, dot, own = name.partition(".")
+        upstream = self.prefixes().get(prefix) if dot else None
+        if upstream is None:
+            raise UnknownOffer(f"unknown prompt {name!r}: a prompt is named "
+                               "<server prefix>.<its name>; list them with GET /prompts")
+        return upstream, own
+
     async def close(self) -> None:
         """Close every session."""
         await asyncio.gather(*(u.close() for u in self._upstreams.values()),
                              return_exceptions=True)
         self._upstreams.clear()
+
+
+# -- resources and prompts under the server's prefix ----------------------------------------
+
+RESOURCE_SCHEME = "capd://"
+
+
+class UnknownOffer(LookupError):
+    """A resource or prompt name that no configured server has."""
+
+
+def resource_uri(prefix: str, uri: str) -> str:
+    """How capd names a server's resource: ``capd://<prefix>/<the server's uri>``."""
+    return f"{RESOURCE_SCHEME}{prefix}/{uri}"
+
+
+def split_resource_uri(uri: str) -> tuple[str, str]:
+    """(prefix, the server's uri) of a :func:`resource_uri`; raise :class:`UnknownOffer`."""
+    prefix, slash, own = uri.removeprefix(RESOURCE_SCHEME).partition("/")
+    if not uri.startswith(RESOURCE_SCHEME) or not slash or not prefix or not own:
+        raise UnknownOffer(f"{uri!r} is not a resource capd serves: its resources are "
+                           "capd://<server prefix>/<the server's uri>; list them with "
+                           "GET /resources")
+    return prefix, own
+
+
+def offer_as_json(prefix: str, kind: str, item: Any) -> dict[str, Any]:
+    """A server's resource, template or prompt as JSON, named under ``prefix``."""
+    data: dict[str, Any] = item.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if "name" in data:
+        data["name"] = f"{prefix}.{data['name']}"
+    if kind == "resources":
+        data["uri"] = resource_uri(prefix, data["uri"])
+    elif kind == "templates":
+        data["uriTemplate"] = resource_uri(prefix, data["uriTemplate"])
+    return data
+
+
+def contents_as_json(prefix: str, result: Any) -> dict[str, Any]:
+    """A ``resources/read`` result as JSON, each content's uri named under ``prefix``."""
+    data: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for content in data.get("contents", []):
+        if isinstance(content.get("uri"), str):
+            content["uri"] = resource_uri(prefix, content["uri"])
+    return data
 
 
 # -- capabilities from an upstream's tools -------------------------------------------------

@@ -13,6 +13,8 @@
         ├── UnknownProfile       no [profiles.NAME] by that name (HTTP 404)
         ├── ExportConflict       two capabilities would export under one tool name (HTTP 409)
         ├── UnresolvedAgent      an agent's entries (or an injection's) select nothing (HTTP 422)
+        ├── UpstreamFailed       an MCP server refused or did not answer a resource or
+        │                        prompt request (HTTP 502)
         ├── SocketInUse          another daemon answers on the socket
         ├── UnsafeSocketFolder   the socket's folder is not the daemon's own
         ├── StateDirLocked       another daemon holds the state directory
@@ -131,6 +133,10 @@ class UnresolvedAgent(SidecarError):
         self.problems = problems
         listed = "; ".join(f"{p['detail']} (in {p['declared_in']})" for p in problems)
         super().__init__(f"agent {agent!r} cannot be resolved: {listed}")
+
+
+class UpstreamFailed(SidecarError):
+    """An upstream MCP server refused, or did not answer, a resource or prompt request."""
 
 
 class SocketInUse(SidecarError):

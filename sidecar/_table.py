@@ -112,6 +112,10 @@ QUEUE_IS_THE_OPERATORS = ("the retry queue is the operator's: an agent learns of
 AGENTS_ARE_CONFIGURED = ("agent configuration is for the host that launches agents, not for an "
                          "agent to read about itself")
 TOPOLOGY_VALIDATION_IS_AUTHORING = "validation is for whoever writes topologies"
+OFFERS_ARE_NATIVE = ("an MCP client lists and reads them with resources/list, resources/read, "
+                     "prompts/list and prompts/get, which capd mcp serves natively")
+QUESTIONS_ARE_RELAYED = ("capd mcp answers a server's questions itself: it relays them to its "
+                         "client as sampling or elicitation requests")
 CONSENT_IS_THE_OPERATORS = ("consent is given by a person through the operator's surface; an "
                             "agent that could grant it would consent to itself")
 
@@ -295,6 +299,34 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         ),
     ),
     OperatorCommand(
+        "resources", "Upstream MCP servers' resources and templates (capd://<prefix>/<uri>).",
+        "GET", "/resources", ("resources", "list"), "resources", render="offers",
+        examples=("capd resources list", "capd resources list --json | jq '.resources[].uri'")),
+    OperatorCommand(
+        "resource-read", "Read an upstream's resource: text printed, binary saved.", "POST",
+        "/resources/read", ("resources", "read"), "resource_read", render="contents",
+        options=(Option(("uri",), "uri", "the resource, as resources list names it",
+                        positional=True, target="body"),
+                 Option(("--output-dir",), "output_dir", "write binary contents (blobs) into "
+                        "this folder (never onto the terminal)", target="local")),
+        examples=("capd resources read capd://everything/demo://resource/static/document/"
+                  "architecture.md",
+                  "capd resources read capd://files/file:///srv/logo.png --output-dir out/")),
+    OperatorCommand(
+        "prompts", "Upstream MCP servers' prompts (<prefix>.<name>).", "GET", "/prompts",
+        ("prompts", "list"), "prompts", render="offers",
+        examples=("capd prompts list", "capd prompts list --json | jq '.prompts[].name'")),
+    OperatorCommand(
+        "prompt-get", "Get an upstream's prompt with its arguments.", "POST",
+        "/prompts/{prompt}", ("prompts", "get"), "prompt_get", takes_params=True,
+        render="prompt",
+        examples=("capd prompts get everything.simple-prompt",
+                  "capd prompts get everything.args-prompt -p city=Paris -p state=Texas")),
+    OperatorCommand(
+        "call-answer", "Answer a question a server asked during a streamed call.", "POST",
+        "/calls/{call}/answers/{question}", ("answer",), "call_answer", takes_params=True,
+        examples=("""capd answer CALL 1 --params '{"result": {"action": "decline"}}'""",)),
+    OperatorCommand(
         "consent-grant", "Grant consent for operations, for a while, maybe one session.",
         "POST", "/consent", ("consent", "grant"), "consent_grant",
         options=(
@@ -469,6 +501,8 @@ _CLI_ONLY = {
                      "queue-cancel"), QUEUE_IS_THE_OPERATORS),
     **dict.fromkeys(("agent-list", "agent-show", "agent-resolve"), AGENTS_ARE_CONFIGURED),
     "topology-validate": TOPOLOGY_VALIDATION_IS_AUTHORING,
+    **dict.fromkeys(("resources", "resource-read", "prompts", "prompt-get"), OFFERS_ARE_NATIVE),
+    "call-answer": QUESTIONS_ARE_RELAYED,
     "whoami": ("the bridge reads it to know what to offer; an agent learns its reach from "
                "search and list, which show only what it may use"),
 }
@@ -480,6 +514,9 @@ ROLES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("health", "livez", "readyz"), EVERYONE),
     # what an agent works with, each answer limited to its grant
     **dict.fromkeys(("list", "search", "show", "export", "call", "preflight", "whoami"),
+                    EVERYONE),
+    # upstreams' resources and prompts inside the grant; answers to one's own call only
+    **dict.fromkeys(("resources", "resource-read", "prompts", "prompt-get", "call-answer"),
                     EVERYONE),
     # a capability inside the grant only (anything else is unknown to it)
     "recheck": EVERYONE,
@@ -499,12 +536,19 @@ COMMANDS = tuple(replace(row, cli_only=_CLI_ONLY.get(row.id, row.cli_only),
                          roles=ROLES[row.id]) for row in COMMANDS)
 
 
+_NATIVE = {"resources": "resources/list", "resource-read": "resources/read",
+           "prompts": "prompts/list", "prompt-get": "prompts/get",
+           "call-answer": "(sampling, elicitation)"}
+"""Rows capd mcp serves as MCP methods of their own rather than as tools."""
+
+
 def role_table() -> str:
     """The README's Policy table: every row's surfaces and who may use it (markdown)."""
     lines = ["| command | HTTP | MCP tool | operator | agent |", "|---|---|---|---|---|"]
     for row in COMMANDS:
         tool = (row.mcp.name if row.mcp else
-                f"{row.optional_mcp.name} (if offered)" if row.optional_mcp else "—")
+                f"{row.optional_mcp.name} (if offered)" if row.optional_mcp else
+                _NATIVE.get(row.id, "—"))
         cells = ["yes" if role in row.roles else "403" for role in ("operator", "agent")]
         lines.append(f"| `capd {' '.join(row.cli)}` | `{row.method} {row.path}` | {tool} | "
                      f"{cells[0]} | {cells[1]} |")

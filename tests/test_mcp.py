@@ -26,9 +26,10 @@ pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 
 
 @asynccontextmanager
-async def bridge(socket: Path, *extra: str, seen: list[str] | None = None
-                 ) -> AsyncIterator[ClientSession]:
-    """The bridge as a subprocess, and an initialized client session to it."""
+async def bridge(socket: Path, *extra: str, seen: list[str] | None = None,
+                 **callbacks: Any) -> AsyncIterator[ClientSession]:
+    """The bridge as a subprocess, and an initialized client session to it (``callbacks``:
+    the session's sampling, elicitation or logging callbacks)."""
     params = StdioServerParameters(command=sys.executable,
                                    args=["-m", "capd", "mcp", "--socket", str(socket),
                                          *extra])
@@ -38,7 +39,7 @@ async def bridge(socket: Path, *extra: str, seen: list[str] | None = None
             seen.append(type(message).__name__)
 
     async with stdio_client(params) as (read, write), ClientSession(
-            read, write, message_handler=on_message) as session:
+            read, write, message_handler=on_message, **callbacks) as session:
         await session.initialize()
         yield session
 

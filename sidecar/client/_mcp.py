@@ -42,7 +42,7 @@ from .._errors import DaemonDown
 from .._paths import capd_version
 from .._table import COMMANDS, McpTool, OperatorCommand
 from ._stdio import stdio_streams
-from ._unixhttp import UnixHttp
+from ._unixhttp import OnChunk, UnixHttp
 
 META_TOOLS: dict[str, McpTool] = {row.mcp.name: row.mcp for row in COMMANDS if row.mcp}
 _ROWS = {row.mcp.name: row for row in COMMANDS if row.mcp}
@@ -143,9 +143,10 @@ class DaemonLink:
         self._http = UnixHttp(socket_path, timeout_s=300.0)
 
     async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                      body: Any = None, headers: dict[str, str] | None = None
-                      ) -> tuple[int, Any]:
-        """Send one request; raise :class:`DaemonDown` if nothing answers."""
+                      body: Any = None, headers: dict[str, str] | None = None,
+                      on_chunk: OnChunk | None = None) -> tuple[int, Any]:
+        """Send one request; raise :class:`DaemonDown` if nothing answers. A streamed
+        answer's chunks go to ``on_chunk`` as they come (its body is then None)."""
         if "/." in path:  # dot segments: resolved before sending, as a URL library would
             path = _normalized(path)
         if query:
@@ -154,7 +155,7 @@ class DaemonLink:
         payload = json.dumps(body).encode() if method == "POST" and body is not None else None
         try:
             status, data = await self._http.request(method, path, body=payload,
-                                                    headers=all_headers)
+                                                    headers=all_headers, on_chunk=on_chunk)
         except OSError as exc:
             await self.close()
             raise DaemonDown(
@@ -241,6 +242,74 @@ def _problem(status: int, body: Any) -> types.CallToolResult:
                                 structured_content=payload, is_error=True)
 
 
+class _Relay:
+    """One streamed call's events, relayed to the MCP client whose call it is: progress
+    to its progressToken, log lines as log messages, a server's sampling or elicitation
+    request to the client (and its answer back to the daemon)."""
+
+    def __init__(self, link: DaemonLink, ctx: Any) -> None:
+        self._link, self._ctx = link, ctx
+        self._pending = b""
+        self.result: tuple[int, Any] | None = None
+
+    def kinds(self) -> list[str]:
+        """The kinds of question this client can answer (what it declared)."""
+        declared = getattr(self._ctx.session, "client_capabilities", None)
+        return [kind for kind in ("sampling", "elicitation")
+                if declared is not None and getattr(declared, kind, None) is not None]
+
+    async def feed(self, chunk: bytes) -> None:
+        """Take a piece of the stream; act on each whole line."""
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                await self._event(json.loads(line))
+
+    async def _event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        session = self._ctx.session
+        if kind == "result":
+            self.result = (int(event["http_status"]), event["tool_result"])
+        elif kind == "progress":
+            with contextlib.suppress(Exception):  # a client that asked for none
+                await session.report_progress(float(event["progress"]), event.get("total"),
+                                              event.get("message"))
+        elif kind == "log":
+            with contextlib.suppress(Exception):
+                await session.send_log_message(event.get("level") or "info", event.get("data"),
+                                               event.get("logger"),
+                                               related_request_id=self._ctx.request_id)
+        elif kind == "request":
+            await self._answer(event)
+
+    async def _answer(self, event: dict[str, Any]) -> None:
+        """Ask this client what the server asked; send its answer (or refusal) back."""
+        from mcp.shared.message import ServerMessageMetadata
+
+        method = str(event.get("method"))
+        kinds: dict[str, tuple[Any, Any]] = {
+            "sampling/createMessage": (types.CreateMessageRequest,
+                                            types.CreateMessageResult),
+                 "elicitation/create": (types.ElicitRequest, types.ElicitResult)}
+        answer: dict[str, Any]
+        try:
+            request_type, result_type = kinds[method]
+            request = request_type.model_validate({"method": method,
+                                                   "params": event.get("params") or {}})
+            result = await self._ctx.session.send_request(
+                request, result_type,
+                metadata=ServerMessageMetadata(related_request_id=self._ctx.request_id))
+            answer = {"result": result.model_dump(mode="json", by_alias=True,
+                                                  exclude_none=True)}
+        except Exception as exc:  # the client refused, or cannot: the server is told why
+            error = getattr(exc, "error", None)
+            answer = {"error": {"code": getattr(error, "code", -32603),
+                                "message": getattr(error, "message", None) or
+                                f"{type(exc).__name__}: {exc}"}}
+        await self._link.request("POST", str(event["answer"]), body=answer)
+
+
 @dataclass
 class Bridge:
     """The MCP server's state: the daemon link, the profile, what direct mode exposes."""
@@ -252,6 +321,9 @@ class Bridge:
     _direct: dict[str, types.Tool] = field(default_factory=dict)
     _operator: dict[str, McpTool] = field(default_factory=dict)  # offered, by tool name
     _session: Any = None
+    # What the client was last shown of the upstreams' resources and prompts (by kind),
+    # once it has listed them: watched, and list_changed sent when it changes.
+    _offers_seen: dict[str, frozenset[str]] = field(default_factory=dict)
 
     # ------------------------------------------------------------ helpers
 
@@ -338,7 +410,7 @@ class Bridge:
         arguments = dict(params.arguments or {})
         try:
             if params.name in META_TOOLS:
-                return await self._call_meta(params.name, arguments)
+                return await self._call_meta(params.name, arguments, ctx)
             if params.name in _OPERATOR_ROWS:
                 await self._refresh_operator()  # the operator may have turned it off since
                 if params.name in self._operator:
@@ -346,12 +418,13 @@ class Bridge:
             if self.direct_tags is not None and params.name not in self._direct:
                 await self._refresh_direct()  # a call may come before any tools/list
             if self.direct_tags is not None and params.name in self._direct:
-                return await self._invoke(params.name, arguments, None, direct=True)
+                return await self._invoke(params.name, arguments, None, direct=True, ctx=ctx)
         except DaemonDown as exc:
             return _text(str(exc), is_error=True)
         return _text(f"unknown tool {params.name!r}", is_error=True)
 
-    async def _call_meta(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def _call_meta(self, name: str, arguments: dict[str, Any],
+                         ctx: Any = None) -> types.CallToolResult:
         spec = META_TOOLS[name]
         missing = [a for a in spec.input_schema.get("required", []) if a not in arguments]
         if missing:
@@ -363,7 +436,7 @@ class Bridge:
                        for arg, header in spec.headers.items()
                        if (value := arguments.get(arg)) not in (None, False, "")}
             return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
-                                      headers)
+                                      headers, ctx=ctx)
         if name == "preflight_calls":
             status, body = await self.link.request("POST", _ROWS[name].path, body=arguments)
             return _problem(status, body) if status >= 400 else _text(body, is_error=False)
@@ -398,13 +471,29 @@ class Bridge:
         return _problem(status, body) if status >= 400 else _text(body, is_error=False)
 
     async def _invoke(self, name: str, arguments: Any, headers: dict[str, str] | None,
-                      *, direct: bool = False) -> types.CallToolResult:
+                      *, direct: bool = False, ctx: Any = None) -> types.CallToolResult:
         """Call ``name``. Meta mode answers the ToolResult (as text and structured
         content) followed by the upstream's own non-text blocks (images, audio,
         resources, links) as they came; a direct tool answers the upstream's blocks and
-        structured content as they came, with capd's facts under ``_meta.capd``."""
-        status, body = await self.link.request("POST", f"/call/{quote(name, safe='')}",
-                                               body=arguments, headers=headers or None)
+        structured content as they came, with capd's facts under ``_meta.capd``.
+
+        The call is streamed: its progress and log lines reach this client as they
+        happen, and a server's sampling or elicitation request is put to this client
+        (when it declared it can answer). A client's cancellation closes the stream,
+        which cancels the call upstream."""
+        path = f"/call/{quote(name, safe='')}"
+        if ctx is None:
+            status, body = await self.link.request("POST", path, body=arguments,
+                                                   headers=headers or None)
+        else:
+            relay = _Relay(self.link, ctx)
+            streamed = {**(headers or {}), "Accept": "application/x-ndjson"}
+            if kinds := relay.kinds():
+                streamed["Capd-Answers"] = ",".join(kinds)
+            status, body = await self.link.request("POST", path, body=arguments,
+                                                   headers=streamed, on_chunk=relay.feed)
+            if relay.result is not None:
+                status, body = relay.result
         if not (isinstance(body, dict) and "status" in body and "capability" in body):
             return _problem(status, body)
         failed = body["status"] not in ("success", "partial") and not body.get("queued")
@@ -425,16 +514,100 @@ class Bridge:
                      *(b for b in relayed if b is not None and b.type != "text")],
             structured_content=body, is_error=False)
 
+    # ------------------------------------------------- resources and prompts
+
+    async def _offers(self, path: str, kind: str) -> list[dict[str, Any]]:
+        """The daemon's list of ``kind`` (what this bridge's grant may see)."""
+        try:
+            status, body = await self.link.request("GET", path)
+        except DaemonDown as exc:
+            raise _mcp_error(str(exc)) from exc
+        if status != 200 or not isinstance(body, dict):
+            raise _mcp_error(_detail(status, body))
+        items: list[dict[str, Any]] = body.get(kind, [])
+        return items
+
+    def _seen(self, kind: str, items: list[dict[str, Any]]) -> None:
+        self._offers_seen[kind] = frozenset(json.dumps(i, sort_keys=True) for i in items)
+
+    async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
+        """Every upstream's resources, as ``capd://<prefix>/<uri>``."""
+        self._session = ctx.session
+        items = await self._offers("/resources", "resources")
+        self._seen("resources", items)
+        return types.ListResourcesResult(
+            resources=[types.Resource.model_validate(i) for i in items])
+
+    async def list_resource_templates(self, ctx: Any, params: Any
+                                      ) -> types.ListResourceTemplatesResult:
+        """Every upstream's resource templates."""
+        items = await self._offers("/resources", "templates")
+        return types.ListResourceTemplatesResult(
+            resource_templates=[types.ResourceTemplate.model_validate(i) for i in items])
+
+    async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams
+                            ) -> types.ReadResourceResult:
+        """One resource, read by the daemon from its server."""
+        return types.ReadResourceResult.model_validate(
+            await self._ask("POST", "/resources/read", {"uri": str(params.uri)}))
+
+    async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
+        """Every upstream's prompts, as ``<prefix>.<name>``."""
+        self._session = ctx.session
+        items = await self._offers("/prompts", "prompts")
+        self._seen("prompts", items)
+        return types.ListPromptsResult(prompts=[types.Prompt.model_validate(i) for i in items])
+
+    async def get_prompt(self, ctx: Any, params: types.GetPromptRequestParams
+                         ) -> types.GetPromptResult:
+        """One prompt with its arguments."""
+        return types.GetPromptResult.model_validate(await self._ask(
+            "POST", f"/prompts/{quote(params.name, safe='')}", dict(params.arguments or {})))
+
+    async def _ask(self, method: str, path: str, body: Any) -> Any:
+        try:
+            status, answer = await self.link.request(method, path, body=body)
+        except DaemonDown as exc:
+            raise _mcp_error(str(exc)) from exc
+        if status != 200:
+            raise _mcp_error(_detail(status, answer),
+                             code=types.INVALID_PARAMS if status in (400, 404) else None)
+        return answer
+
     async def watch(self) -> None:
-        """Direct mode: announce tools/list_changed when the exposed set changes."""
+        """Announce list_changed: tools (direct mode) when the exposed set changes;
+        resources and prompts, once the client has listed them, when theirs do."""
         while True:
             await anyio.sleep(self.poll_s)
             try:
                 changed = await self._refresh_direct()
-            except DaemonDown:
+                offers = [(kind, await self._offers(path, kind))
+                          for kind, path in (("resources", "/resources"), ("prompts", "/prompts"))
+                          if kind in self._offers_seen]
+            except Exception:  # the daemon down or refusing: asked again next time
                 continue
-            if changed and self._session is not None:
-                await self._session.send_tool_list_changed()
+            session = self._session
+            if session is None:
+                continue
+            if changed:
+                await session.send_tool_list_changed()
+            for kind, items in offers:
+                before = self._offers_seen[kind]
+                self._seen(kind, items)
+                if self._offers_seen[kind] != before:
+                    await (session.send_resource_list_changed() if kind == "resources"
+                           else session.send_prompt_list_changed())
+
+
+def _detail(status: int, body: Any) -> str:
+    detail = body.get("detail") if isinstance(body, dict) else body
+    return f"capd answered {status}: {detail}"
+
+
+def _mcp_error(message: str, code: int | None = None) -> Exception:
+    from mcp.shared.exceptions import MCPError
+
+    return MCPError(code=code if code is not None else types.INTERNAL_ERROR, message=message)
 
 
 async def serve(bridge: Bridge) -> None:
@@ -444,13 +617,18 @@ async def serve(bridge: Bridge) -> None:
                                  "read one with get_capability, call it with "
                                  "invoke_capability.",
                                  on_list_tools=bridge.list_tools,
-                                 on_call_tool=bridge.call_tool)
+                                 on_call_tool=bridge.call_tool,
+                                 on_list_resources=bridge.list_resources,
+                                 on_list_resource_templates=bridge.list_resource_templates,
+                                 on_read_resource=bridge.read_resource,
+                                 on_list_prompts=bridge.list_prompts,
+                                 on_get_prompt=bridge.get_prompt)
     options = server.create_initialization_options(
-        NotificationOptions(tools_changed=bridge.direct_tags is not None))
+        NotificationOptions(tools_changed=bridge.direct_tags is not None,
+                            resources_changed=True, prompts_changed=True))
     try:
         async with stdio_streams() as (read, write), anyio.create_task_group() as group:
-            if bridge.direct_tags is not None:
-                group.start_soon(bridge.watch)
+            group.start_soon(bridge.watch)
             await server.run(read, write, options)
             group.cancel_scope.cancel()
     finally:

@@ -172,7 +172,43 @@ def describe_failure(command: str, body: Any) -> str:
     return f"{command} failed: {json.dumps(body)}"
 
 
+def render_offers(body: Any) -> str:
+    """Resources, templates or prompts: name and uri, then the description."""
+    lines: list[str] = []
+    for kind, key in (("resources", "uri"), ("templates", "uriTemplate"), ("prompts", "name")):
+        for item in body.get(kind, []):
+            where = _cell(item.get(key, ""))
+            name = _cell(item.get("name", ""))
+            label = where if key == "name" else f"{name}  {where}"
+            args = ", ".join(_cell(a.get("name", "")) + ("" if a.get("required") else "?")
+                             for a in item.get("arguments", []))
+            lines.append(label + (f"({args})" if kind == "prompts" else "")
+                         + (f"\n    {_cell(item['description'])}" if item.get("description")
+                            else ""))
+    return "\n".join(lines) or "(none)"
+
+
+def render_contents(body: Any) -> str:
+    """A resource's text contents as they are; binary ones are saved or described after."""
+    parts = [_cell(c["text"]) for c in body.get("contents", []) if isinstance(c.get("text"), str)]
+    return "\n".join(parts)
+
+
+def render_prompt(body: Any) -> str:
+    """A prompt's messages, a role and its text each."""
+    lines = [f"({_cell(body['description'])})"] if body.get("description") else []
+    for message in body.get("messages", []):
+        content = message.get("content", {})
+        text = content.get("text") if isinstance(content, dict) else None
+        shown = _cell(text) if isinstance(text, str) else f"[{_cell(content.get('type'))} block]"
+        lines.append(f"{_cell(message.get('role'))}: {shown}")
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Any], str]] = {
+    "offers": render_offers,
+    "contents": render_contents,
+    "prompt": render_prompt,
     "json": render_json,
     "export": render_export,
     "agent": render_agent,

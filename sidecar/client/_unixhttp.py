@@ -31,7 +31,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+OnChunk = Callable[[bytes], Awaitable[None]]
 
 IDLE_S = 15.0
 MAX_IDLE = 8
@@ -133,8 +136,13 @@ class UnixHttp:
 
     async def request(self, method: str, target: str, *, body: bytes | None = None,
                       headers: dict[str, str] | None = None,
-                      content_type: str = "application/json") -> tuple[int, bytes]:
-        """Send ``method target`` with ``body``; return the status and the body's bytes."""
+                      content_type: str = "application/json",
+                      on_chunk: OnChunk | None = None) -> tuple[int, bytes]:
+        """Send ``method target`` with ``body``; return the status and the body's bytes.
+
+        With ``on_chunk``, a chunked answer is handed over a chunk at a time as it
+        arrives (and the body returned is empty); cancelling the request closes its
+        connection, which the daemon takes as the client leaving."""
         head = self._head(method, target, body, headers, content_type)
         retry = method in IDEMPOTENT
         while True:
@@ -142,7 +150,7 @@ class UnixHttp:
             # One timer for the whole exchange (cheaper than asyncio.timeout's bookkeeping).
             timer = asyncio.get_running_loop().call_later(self.timeout_s, conn.expire)
             try:
-                status, data, keep = await self._exchange(conn, method, head, body)
+                status, data, keep = await self._exchange(conn, method, head, body, on_chunk)
             except _Dropped as exc:
                 conn.close()
                 if retry and conn.reused:
@@ -201,7 +209,8 @@ class UnixHttp:
         return conn
 
     async def _exchange(self, conn: _Connection, method: str, head: bytes,
-                        body: bytes | None) -> tuple[int, bytes, bool]:
+                        body: bytes | None, on_chunk: OnChunk | None = None
+                        ) -> tuple[int, bytes, bool]:
         """Write the request and read its answer: (status, body, whether to keep the connection)."""
         assert conn.transport is not None
         conn.buf.clear()
@@ -241,7 +250,7 @@ class UnixHttp:
         if status in (204, 304) or method == "HEAD" or (length == 0 and not chunked):
             return status, b"", keep
         if chunked:
-            return status, await self._chunks(conn), keep
+            return status, await self._chunks(conn, on_chunk), keep
         if length is not None:
             while len(buf) < length:
                 await conn.more()
@@ -255,7 +264,7 @@ class UnixHttp:
         return status, data, False
 
     @staticmethod
-    async def _chunks(conn: _Connection) -> bytes:
+    async def _chunks(conn: _Connection, on_chunk: OnChunk | None = None) -> bytes:
         buf, parts = conn.buf, list[bytes]()
         while True:
             end = buf.find(b"\r\n")
@@ -278,5 +287,9 @@ class UnixHttp:
                 return b"".join(parts)
             while len(buf) < size + 2:
                 await conn.more()
-            parts.append(bytes(buf[:size]))
+            piece = bytes(buf[:size])
             del buf[:size + 2]
+            if on_chunk is None:
+                parts.append(piece)
+            else:
+                await on_chunk(piece)

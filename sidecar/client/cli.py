@@ -57,7 +57,10 @@ STATUS_REPORTS = frozenset({"health", "livez", "readyz", "topology-validate"})
 PATH_PARAM_HELP = {"name": "a capability's name or alias", "tool": "a tool id from capd.toml",
                    "id": "a job id (the ID column of capd queue list)",
                    "agent": "an agent's name ([agents.NAME] in capd.toml)",
-                   "topology": "a topology id (capd topology list)"}
+                   "topology": "a topology id (capd topology list)",
+                   "prompt": "a prompt's name (capd prompts list)",
+                   "call": "the call id a streamed call's question names",
+                   "question": "the question's id in that call"}
 
 LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config", "completion", "install-units")
 
@@ -341,6 +344,11 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
         echo(RENDERERS[row.render](response.body))
         if row.id == "call" and isinstance(response.body, dict):
             _save_blocks(response.body, getattr(args, "output_dir", None))
+        elif row.id == "resource-read" and isinstance(response.body, dict):
+            blobs = [{"type": "resource", "resource": c}
+                     for c in response.body.get("contents", []) if isinstance(c, dict)]
+            _save_blocks({"content": blobs, "request_id": "resource"},
+                         getattr(args, "output_dir", None))
     return EXIT_OK if ok else EXIT_FAILED
 
 

@@ -30,7 +30,14 @@ from capd.recovery import (
     UnknownJob,
     UnknownTool,
 )
-from capd.registry import CapdError, InvalidTopology, UnknownCapability, UnknownTopology
+from capd.registry import (
+    CapdError,
+    InvalidTopology,
+    ToolUnavailable,
+    UnknownCapability,
+    UnknownOffer,
+    UnknownTopology,
+)
 
 from .._errors import (
     BadRequest,
@@ -43,6 +50,7 @@ from .._errors import (
     UnknownAgent,
     UnknownProfile,
     UnresolvedAgent,
+    UpstreamFailed,
 )
 from .._table import COMMANDS, OperatorCommand
 from ._authority import GRANT_HEADER, GrantRefused, PeerRefused, peer_credentials
@@ -111,6 +119,8 @@ class RequestIds:
 
 def _to_response(reply: Reply, request_id: str) -> HttpResponse:
     headers = {"X-Request-Id": request_id, **reply.headers}
+    if reply.stream is not None:
+        return HttpResponse(reply.status, b"", reply.content_type, headers, reply.stream)
     body = reply.body if isinstance(reply.body, bytes) else dumps(reply.body)
     return HttpResponse(reply.status, body, reply.content_type, headers)
 
@@ -131,6 +141,12 @@ def _problem_for(exc: Exception, path: str) -> HttpResponse:
             return problem(404, "Unknown Capability", str(exc), suggestions=exc.suggestions)
         case UnknownTool():
             return problem(404, "Unknown Tool", str(exc))
+        case UnknownOffer():
+            return problem(404, "Not Found", str(exc))
+        case UpstreamFailed():
+            return problem(502, "Upstream Error", str(exc))
+        case ToolUnavailable():
+            return problem(503, "Server Unavailable", str(exc))
         case UnknownAgent():
             return problem(404, "Unknown Agent", str(exc), suggestions=exc.suggestions)
         case UnknownProfile():
@@ -348,7 +364,8 @@ class Api:
                      if request.query_string else {})
             ctx = Context(services=self._services, path=path_params, query=query, body=body,
                           caller=caller, request_id=request_id,
-                          idempotency_key=headers.get("idempotency-key"), headers=headers)
+                          idempotency_key=headers.get("idempotency-key"), headers=headers,
+                          gone=request.connection.gone if request.connection else None)
             reply = await HANDLERS[row.handler](ctx)
         except Exception as exc:  # every failure becomes a problem+json answer
             response = _problem_for(exc, request.path)

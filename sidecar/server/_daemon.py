@@ -52,6 +52,7 @@ from ._reload import Reloader
 from ._socket import bind_unix_socket, remove_socket, socket_inode
 from ._ssrf import SsrfGuard
 from ._statelock import acquire_state_lock
+from ._streams import Streams
 from ._systemd import Notifier, inherited_socket, run_watchdog, watchdog_interval_s
 
 LIST_CHANGED_SETTLE_S = 0.5
@@ -110,6 +111,7 @@ class Daemon:
         # One client session per upstream MCP server, kept across reloads; a server's
         # tools/list_changed reloads the registry so its new tools become capabilities.
         self.upstreams = UpstreamPool(on_tools_changed=self._upstream_tools_changed)
+        self.streams = Streams()  # the streamed calls running now (their questions)
         self._tools_changed: set[str] = set()  # servers whose burst of changes is settling
         self.rechecker = Rechecker(
             lambda: self.registry, cooldown_s=config.recheck_cooldown_s,

@@ -22,12 +22,24 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from capd.registry import Capability, Registry, UnknownCapability
 
 Role = Literal["operator", "agent"]
 ROLES: tuple[Role, ...] = ("operator", "agent")
+
+
+class Named(Protocol):
+    """What a grant decides by: a capability, or an upstream's resource or prompt (its
+    name under the server's prefix, no aliases, the server's tags)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def tags(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +50,7 @@ class Profile:
     capabilities: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
 
-    def allows(self, cap: Capability) -> bool:
+    def allows(self, cap: Named) -> bool:
         """Whether ``cap`` is inside this profile: a glob matches its name or an alias,
         or a tag is one of its tags."""
         names = (cap.name, *cap.aliases)
@@ -63,7 +75,7 @@ class Narrowing:
         """Whether it limits the capabilities at all (not only the channel)."""
         return bool(self.capabilities or self.tags)
 
-    def allows(self, cap: Capability) -> bool:
+    def allows(self, cap: Named) -> bool:
         """Whether ``cap`` (by its canonical name, an alias or a tag) is inside it."""
         if not self.limits:
             return True
@@ -93,7 +105,7 @@ class Grant:
         object.__setattr__(self, "restricted", self.profile is not None or (
             self.narrowing is not None and self.narrowing.limits))
 
-    def allows(self, cap: Capability) -> bool:
+    def allows(self, cap: Named) -> bool:
         """Whether ``cap`` is inside this grant (seen, suggested, called)."""
         if self.profile is not None and not self.profile.allows(cap):
             return False

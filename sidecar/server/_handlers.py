@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
-from capd.registry import SAFETY_LEVELS, Capability, UnknownCapability
+from capd.registry import CALL_EVENTS, SAFETY_LEVELS, Capability, UnknownCapability
 
 from .._errors import BadRequest, ExportConflict, Forbidden, InvalidTimeout, UnknownProfile
 from .._table import PROVIDER_FORMATS, command
@@ -34,7 +35,9 @@ from ._agent_handlers import (
 from ._authority import actor
 from ._grant import resolve
 from ._json import Unencodable, dumps
-from ._services import ConsentBook, Context, Reply, Services
+from ._offer_handlers import OFFER_HANDLERS
+from ._services import CallResult, ConsentBook, Context, Reply, Services
+from ._streams import NDJSON, answer_kinds, wants_stream
 
 log = structlog.get_logger("capd.handlers")
 
@@ -388,17 +391,47 @@ def _scoped_key(ctx: Context) -> str | None:
 
 
 async def call(ctx: Context) -> Reply:
-    """Dispatch a call; the HTTP status follows the result's state."""
+    """Dispatch a call; the HTTP status follows the result's state. Asked for a stream
+    (``Accept: application/x-ndjson``), a call that has something to say before it
+    answers streams it (``_streams.py``)."""
     params = ctx.body if ctx.body is not None else {}
     if not isinstance(params, dict):
         raise BadRequest("the request body must be a JSON object of parameters")
-    result = await ctx.services.gateway.dispatch(
+    dispatch = ctx.services.gateway.dispatch(
         ctx.path["name"], params, ctx.caller, request_id=ctx.request_id,
         idempotency_key=_scoped_key(ctx), timeout_s=_call_timeout(ctx),
         run_disabled=("capd-run-disabled" in ctx.headers
                       and _truth(ctx.headers["capd-run-disabled"],
                                  "the Capd-Run-Disabled header")),
     )
+    if not wants_stream(ctx.headers):
+        return _call_reply(await dispatch)
+    stream = ctx.services.streams.open(ctx.caller, answer_kinds(ctx.headers))
+    token = CALL_EVENTS.set(stream)
+    try:
+        task = asyncio.get_running_loop().create_task(dispatch)
+    finally:
+        CALL_EVENTS.reset(token)
+    try:
+        streaming = await stream.said_something(task, ctx.gone() if ctx.gone else None)
+    except BaseException:
+        stream.close()
+        task.cancel()
+        raise
+    if not streaming:
+        stream.close()
+        return _call_reply(task.result())
+    return Reply(200, None, NDJSON, stream=stream.body(task, _last_line))
+
+
+def _last_line(result: CallResult) -> bytes:
+    """A streamed call's last line: its ToolResult and the status it would have answered."""
+    reply = _call_reply(result)
+    return b'{"event":"result","http_status":%d,"tool_result":%s}' % (reply.status, reply.body)
+
+
+def _call_reply(result: CallResult) -> Reply:
+    """The answer to a call: its ToolResult, with the status its state says."""
     body = result.as_json()
     try:
         encoded = dumps(body)
@@ -756,6 +789,7 @@ HANDLERS: dict[str, Handler] = {
     "agent_show": agent_show,
     "agents_list": agents_list,
     "call": call,
+    **OFFER_HANDLERS,
     "consent_grant": consent_grant,
     "consent_list": consent_list,
     "consent_revoke": consent_revoke,

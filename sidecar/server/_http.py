@@ -41,7 +41,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, Protocol, cast
 from urllib.parse import unquote
 
 import httptools
@@ -82,16 +82,28 @@ class HttpRequest:
     body: bytes
     peer: Any
     keep_alive: bool = True
+    # The connection it came on (its ``gone()`` is an event set when the client leaves).
+    connection: Any = None
+
+
+class StreamBody(Protocol):
+    """A body written as it is made (chunked): ``run`` sends pieces with ``send`` until
+    it is done; ``gone`` is set when the client goes away (``send`` then raises)."""
+
+    async def run(self, send: Callable[[bytes], Awaitable[None]], gone: asyncio.Event) -> None:
+        """Write the body."""
+        ...
 
 
 @dataclass(slots=True)
 class HttpResponse:
-    """One answer: the body is already encoded."""
+    """One answer: the body is already encoded, or ``stream`` writes it as it is made."""
 
     status: int
     body: bytes = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    stream: StreamBody | None = None
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -112,10 +124,12 @@ def _internal_error() -> HttpResponse:
 
 
 def encode_response(response: HttpResponse, *, keep_alive: bool, head: bool = False) -> bytes:
-    """The bytes of ``response`` on the wire."""
-    lines = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
+    """The bytes of ``response`` on the wire (only the head of a streamed one)."""
+    length = (b"Transfer-Encoding: chunked" if response.stream is not None
+              else b"Content-Length: %d" % len(response.body))
+    lines = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\n" % (
         response.status, _REASONS.get(response.status, b"Unknown"),
-        response.content_type.encode("latin-1"), len(response.body))]
+        response.content_type.encode("latin-1"), length)]
     for name, value in response.headers.items():
         lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
     if not keep_alive:
@@ -227,6 +241,7 @@ class HttpConnection(asyncio.Protocol):
         self._header_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
+        self._gone: asyncio.Event | None = None  # made on demand; set when the client leaves
 
     # -- asyncio.Protocol ---------------------------------------------------------
 
@@ -259,10 +274,14 @@ class HttpConnection(asyncio.Protocol):
         self._state.forget(self)
         self._state.budget.forget(self)
         self._flow.drained.set()  # a serving task waiting to write wakes, and ends
+        if self._gone is not None:
+            self._gone.set()  # a streamed answer stops (and cancels its work)
 
     def eof_received(self) -> bool:
         """The client finished sending: answer what it asked, then close."""
         self._eof = True
+        if self._gone is not None:  # a streamed call's client closed its end: it has left
+            self._gone.set()
         # True keeps the transport open for the answers.
         return self.busy or self._owes_more()
 
@@ -478,6 +497,7 @@ class HttpConnection(asyncio.Protocol):
             body=b"".join(self._body),
             peer=self._peer,
             keep_alive=self._parser.should_keep_alive(),
+            connection=self,
         )
         size = self._header_bytes + self._body_bytes
         budget = self._state.budget
@@ -629,11 +649,49 @@ class HttpConnection(asyncio.Protocol):
             log.error("response_unencodable", path=request.path, error=repr(exc))
             data = encode_response(_internal_error(), keep_alive=request.keep_alive)
         self._write(data)
+        if (response.stream is not None and request.method != "HEAD"
+                and not await self._stream(response.stream)):
+            return False
         if not request.keep_alive:
             self._answered_last = True
             self._maybe_finish()
             return False
         return True
+
+    async def _stream(self, body: StreamBody) -> bool:
+        """Write a streamed body as chunks; False when the client left before its end."""
+        gone = self.gone()
+
+        async def send(piece: bytes) -> None:
+            while self._flow.write_paused and not self._closing:
+                await self._flow.drained.wait()
+            if self._closing:
+                raise ConnectionResetError("the client closed the stream")
+            if piece:
+                self._write(b"%x\r\n%s\r\n" % (len(piece), piece))
+
+        try:
+            await body.run(send, gone)
+        except ConnectionResetError:
+            return False
+        except Exception as exc:  # the stream's end is all that can still be said
+            log.error("stream_crashed", error=repr(exc))
+            self.abort()
+            return False
+        if self._closing:
+            return False
+        self._write(b"0\r\n\r\n")
+        return True
+
+    def gone(self) -> asyncio.Event:
+        """An event set when the client goes away or closes its end (already set if it
+        has). A handler that should stop then (a streamed call) waits on it; others
+        never ask, and a half-closed connection still gets their answers."""
+        if self._gone is None:
+            self._gone = asyncio.Event()
+            if self._closing or self._eof:
+                self._gone.set()
+        return self._gone
 
     def _write(self, data: bytes) -> None:
         self._transport.write(data)

@@ -10,7 +10,7 @@ the sidecar, so no import circle can pass through it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -27,7 +27,9 @@ from capd.registry import AgentSpec, Capability, InjectionSpec, Registry, Topolo
 from ._grant import OPERATOR, Grant
 
 if TYPE_CHECKING:
-    from capd.registry import SearchIndex
+    from capd.registry import SearchIndex, UpstreamPool
+
+    from ._streams import Streams
 
 State = Literal["starting", "ready", "draining", "stopped"]
 
@@ -89,6 +91,8 @@ class Context:
     idempotency_key: str | None = None
     # The request's headers, lower-cased names (``capd-timeout``, ``capd-run-disabled``).
     headers: Mapping[str, str] = field(default_factory=dict)
+    # An event set when the client goes away (None in process): a streamed call stops.
+    gone: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -99,6 +103,8 @@ class Reply:
     body: Any
     content_type: str = JSON
     headers: dict[str, str] = field(default_factory=dict)
+    # A body written as it is made (a streamed call: ``_streams.py``); ``body`` unused.
+    stream: Any = None
 
 
 class CallResult(Protocol):
@@ -306,6 +312,10 @@ class Services(Protocol):
     def policy(self) -> PolicyView: ...
     @property
     def operator_tools(self) -> Sequence[str]: ...
+    @property
+    def upstreams(self) -> UpstreamPool: ...
+    @property
+    def streams(self) -> Streams: ...
     def task_stats(self) -> dict[str, int]: ...
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats: ...
     async def search_index(self) -> SearchIndex: ...

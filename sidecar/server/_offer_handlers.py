@@ -1,0 +1,155 @@
+"""Handlers for what upstream MCP servers offer beside tools, and for streamed calls' answers.
+
+Resources and prompts are served under the server's prefix (``capd://<prefix>/<uri>``,
+``<prefix>.<name>``) and under the caller's grant: an offer is inside a grant when a
+capability of that server with that name would be (the same globs and tags; the
+server's tags are its tools' tags). Outside it, an offer is unknown, as a hidden
+capability is. A resource read by a uri no listing names (one made from a template) is
+inside the grant when a template of that server whose fixed start begins the uri is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from capd.registry import (
+    ToolUnavailable,
+    UnknownOffer,
+    Upstream,
+    contents_as_json,
+)
+
+from .._errors import BadRequest, UpstreamFailed
+from ._grant import Grant
+from ._services import Context, Reply
+
+
+class Offer(NamedTuple):
+    """A server's resource, template or prompt as a grant sees it."""
+
+    name: str
+    aliases: tuple[str, ...]
+    tags: tuple[str, ...]
+
+
+def _inside(grant: Grant, upstream: Upstream, name: str) -> bool:
+    if not grant.restricted:
+        return True
+    return grant.allows(Offer(name, (), (*upstream.spec.tags, "mcp", upstream.tool_id)))
+
+
+async def _listed(ctx: Context, kind: str) -> list[dict[str, Any]]:
+    grant = ctx.caller.grant
+    return [item for _prefix, upstream, item in await ctx.services.upstreams.offered(kind)
+            if _inside(grant, upstream, str(item.get("name", "")))]
+
+
+async def resources(ctx: Context) -> Reply:
+    """Every upstream's resources and resource templates inside the caller's grant."""
+    return Reply(200, {"resources": await _listed(ctx, "resources"),
+                       "templates": await _listed(ctx, "templates")})
+
+
+async def prompts(ctx: Context) -> Reply:
+    """Every upstream's prompts inside the caller's grant."""
+    return Reply(200, {"prompts": await _listed(ctx, "prompts")})
+
+
+def _hidden(what: str) -> UnknownOffer:
+    return UnknownOffer(f"unknown {what}; list what you may use with GET /resources and "
+                        "GET /prompts")
+
+
+async def resource_read(ctx: Context) -> Reply:
+    """Read one resource (``{"uri": "capd://<prefix>/<uri>"}``)."""
+    body = ctx.body if isinstance(ctx.body, dict) else {}
+    uri = body.get("uri")
+    if not isinstance(uri, str) or not uri:
+        raise BadRequest('send {"uri": "capd://<server prefix>/<uri>"} (see GET /resources)')
+    upstream, own = ctx.services.upstreams.resource_server(uri)
+    grant = ctx.caller.grant
+    if grant.restricted and not _may_read(grant, upstream, uri,
+                                          await ctx.services.upstreams.offered("resources"),
+                                          await ctx.services.upstreams.offered("templates")):
+        raise _hidden(f"resource {uri!r}")
+    try:
+        result = await upstream.read_resource(own)
+    except (ToolUnavailable, UnknownOffer):
+        raise
+    except TimeoutError:
+        raise UpstreamFailed(f"{upstream.tool_id} did not answer resources/read of {own!r} "
+                             f"within {upstream.spec.call_timeout_s:g}s") from None
+    except Exception as exc:
+        raise UpstreamFailed(f"{upstream.tool_id} refused resources/read of {own!r}: "
+                             f"{_said(exc)}") from exc
+    prefix = uri.removeprefix("capd://").partition("/")[0]
+    return Reply(200, contents_as_json(prefix, result))
+
+
+def _may_read(grant: Grant, upstream: Upstream, uri: str,
+              listed: list[tuple[str, Upstream, dict[str, Any]]],
+              templates: list[tuple[str, Upstream, dict[str, Any]]]) -> bool:
+    for _prefix, owner, item in listed:
+        if owner is upstream and item.get("uri") == uri:
+            return _inside(grant, upstream, str(item.get("name", "")))
+    for _prefix, owner, item in templates:
+        start = str(item.get("uriTemplate", "")).partition("{")[0]
+        if owner is upstream and uri.startswith(start) and \
+                _inside(grant, upstream, str(item.get("name", ""))):
+            return True
+    return False
+
+
+async def prompt_get(ctx: Context) -> Reply:
+    """Get one prompt with its arguments (a JSON object of strings)."""
+    name = ctx.path["prompt"]
+    arguments = ctx.body if ctx.body is not None else {}
+    if not isinstance(arguments, dict) or not all(
+            isinstance(v, str) for v in arguments.values()):
+        raise BadRequest("a prompt's arguments are a JSON object of strings")
+    upstream, own = ctx.services.upstreams.prompt_server(name)
+    if not _inside(ctx.caller.grant, upstream, name):
+        raise _hidden(f"prompt {name!r}")
+    try:
+        result = await upstream.get_prompt(own, arguments)
+    except (ToolUnavailable, UnknownOffer):
+        raise
+    except TimeoutError:
+        raise UpstreamFailed(f"{upstream.tool_id} did not answer prompts/get of {own!r} "
+                             f"within {upstream.spec.call_timeout_s:g}s") from None
+    except Exception as exc:
+        raise UpstreamFailed(f"{upstream.tool_id} refused prompts/get of {own!r}: "
+                             f"{_said(exc)}") from exc
+    data: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return Reply(200, data)
+
+
+def _said(exc: Exception) -> str:
+    error = getattr(exc, "error", None)
+    message = getattr(error, "message", None)
+    return str(message) if message else f"{type(exc).__name__}: {exc}"
+
+
+async def call_answer(ctx: Context) -> Reply:
+    """Answer a question a server asked during a streamed call (see ``_streams.py``)."""
+    stream = ctx.services.streams.of(ctx.path["call"], ctx.caller)
+    if stream is None:
+        raise UnknownOffer(f"no streamed call {ctx.path['call']!r} of yours is running; "
+                           "a question is answered while its call streams")
+    try:
+        stream.answer(ctx.path["question"], ctx.body)
+    except KeyError:
+        raise UnknownOffer(f"call {ctx.path['call']} asks no question {ctx.path['id']!r} "
+                           "now (answered already, or never asked)") from None
+    except TypeError as exc:
+        raise BadRequest(str(exc)) from exc
+    return Reply(200, {"answered": ctx.path["question"]})
+
+
+OFFER_HANDLERS = {
+    "resources": resources,
+    "resource_read": resource_read,
+    "prompts": prompts,
+    "prompt_get": prompt_get,
+    "call_answer": call_answer,
+}

@@ -1,0 +1,403 @@
+"""What an upstream MCP server does besides answering, through the real daemon and
+`capd mcp`: progress as it happens, a client's cancellation reaching the server, a
+sampling request put to the client whose call made it (and refused where it cannot
+be answered), resources and prompts under the server's prefix and the caller's grant,
+and a write past its timeout cancelled upstream, queued, and landed exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .daemon import DaemonProcess, daemons_on
+from .test_mcp import bridge
+from .test_upstream_e2e import stdio_tool
+
+pytestmark = pytest.mark.slow  # the real daemon, real MCP servers and the bridge
+
+PY = sys.executable
+
+FULL = '''
+import asyncio
+import sys
+from pathlib import Path
+
+import mcp_types as types
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("full")
+MARKS = Path(sys.argv[1])
+
+
+def mark(line: str) -> None:
+    with MARKS.open("a", encoding="utf-8") as out:
+        out.write(line + "\\n")
+
+
+@server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
+async def count(n: int, pause_s: float, ctx: Context) -> str:
+    """Count to n, reporting progress at each step."""
+    for i in range(1, n + 1):
+        await ctx.report_progress(i, n, f"step {i}")
+        await asyncio.sleep(pause_s)
+    return f"counted {n}"
+
+
+@server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
+async def ask_model(question: str, ctx: Context) -> str:
+    """Ask the client's model a question (MCP sampling)."""
+    answer = await ctx.session.create_message(
+        messages=[types.SamplingMessage(role="user", content=types.TextContent(
+            type="text", text=question))], max_tokens=20,
+        related_request_id=ctx.request_id)
+    return f"the model said: {answer.content.text}"
+
+
+@server.tool()
+async def slow_write(key: str, seconds: float) -> str:
+    """Append key to the marks, the first time after a while; a cancelled call writes
+    nothing."""
+    first = not MARKS.exists() or f"attempt {key}" not in MARKS.read_text()
+    mark(f"attempt {key}")
+    try:
+        await asyncio.sleep(seconds if first else 0)
+    except asyncio.CancelledError:
+        mark(f"cancelled {key}")
+        raise
+    mark(f"wrote {key}")
+    return f"wrote {key}"
+
+
+@server.resource("memo://greeting", name="greeting", mime_type="text/plain")
+def greeting() -> str:
+    """A greeting."""
+    return "hello from a resource"
+
+
+@server.resource("memo://logo", name="logo", mime_type="image/png")
+def logo() -> bytes:
+    """A picture."""
+    return b"\\x89PNG-not-really"
+
+
+@server.resource("memo://notes/{name}", name="note", mime_type="text/plain")
+def note(name: str) -> str:
+    """A note by name."""
+    return f"note {name}"
+
+
+@server.prompt()
+def review(code: str) -> str:
+    """Ask for a review of some code."""
+    return f"Please review: {code}"
+
+
+server.run("stdio")
+'''
+
+
+def write_config(folder: Path, extra: str = "") -> Path:
+    config = folder / "capd.toml"
+    config.write_text("""
+entry_points = false
+state_dir = "state"
+recheck_cooldown_s = 0
+recheck_interval_s = 0.5
+probe_live_interval_s = 1
+retry_base_s = 0.2
+""" + extra)
+    return config
+
+
+@pytest.fixture
+def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    with daemons_on(short_tmp, write_config) as start:
+        yield start
+
+
+@pytest.fixture
+def marks(short_tmp: Path) -> Path:
+    return short_tmp / "marks.log"
+
+
+def full_server(folder: Path, marks: Path, **settings: object) -> str:
+    return stdio_tool(folder, "full", FULL, str(marks), **settings)
+
+
+def stream_call(daemon: DaemonProcess, name: str, params: dict[str, Any],
+                headers: dict[str, str] | None = None, *, close_after: int | None = None
+                ) -> tuple[str, list[dict[str, Any]]]:
+    """POST /call/NAME asking for a stream, over a raw socket: (the head, the lines);
+    with ``close_after``, the connection is closed once that many lines have come."""
+    body = json.dumps(params).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    request = (f"POST /call/{name} HTTP/1.1\r\nHost: capd\r\nAccept: application/x-ndjson\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}"
+               "Connection: close\r\n\r\n").encode() + body
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(60)
+        sock.connect(str(daemon.socket))
+        sock.sendall(request)
+        data = b""
+        head = ""
+        lines: list[dict[str, Any]] = []
+        while True:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+            if not head and b"\r\n\r\n" in data:
+                raw_head, data = data.split(b"\r\n\r\n", 1)
+                head = raw_head.decode()
+            if head and "chunked" in head.lower():
+                lines = [json.loads(line) for line in _dechunk(data).splitlines() if line]
+                if close_after is not None and len(lines) >= close_after:
+                    return head, lines
+    if head and "chunked" not in head.lower():
+        return head, [json.loads(data)]
+    return head, [json.loads(line) for line in _dechunk(data).splitlines() if line]
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while True:
+        size_end = data.find(b"\r\n")
+        if size_end < 0:
+            return out
+        size = int(data[:size_end], 16)
+        if size == 0 or len(data) < size_end + 2 + size:
+            return out
+        out += data[size_end + 2:size_end + 2 + size]
+        data = data[size_end + 4 + size:]
+
+
+def test_progress_streams_over_the_socket_and_reaches_an_sdk_client(
+        up: Callable[..., DaemonProcess], short_tmp: Path, marks: Path) -> None:
+    """Asked for NDJSON, a call streams its progress lines as they happen and ends with
+    its result; one that says nothing first answers as without the header; the bridge
+    relays the progress to the SDK client's progress callback."""
+    daemon = up(full_server(short_tmp, marks))
+    head, lines = stream_call(daemon, "full.count", {"n": 3, "pause_s": 0.05})
+    assert head.startswith("HTTP/1.1 200"), head
+    assert "application/x-ndjson" in head
+    assert [line["event"] for line in lines] == ["progress"] * 3 + ["result"]
+    assert [(p["progress"], p["total"], p["message"]) for p in lines[:3]] == [
+        (1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+    assert lines[-1]["http_status"] == 200
+    assert lines[-1]["tool_result"]["result"] == {"result": "counted 3"}
+    head, quiet = stream_call(daemon, "full.count", {"n": 0, "pause_s": 0})
+    assert "application/json" in head
+    assert quiet[0]["result"] == {"result": "counted 0"}
+
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async def relay() -> Any:
+        async with bridge(daemon.socket, "--expose", "direct") as session:
+            return await session.call_tool("full.count", {"n": 4, "pause_s": 0.05},
+                                           progress_callback=on_progress)
+
+    result = asyncio.run(relay())
+    assert result.is_error is False, result
+    assert result.content[0].text == "counted 4"
+    assert seen == [(i, 4, f"step {i}") for i in range(1, 5)]
+
+
+def test_a_client_that_goes_away_cancels_the_call_upstream(
+        up: Callable[..., DaemonProcess], short_tmp: Path, marks: Path) -> None:
+    """A stream closed mid-call cancels it: the server sees notifications/cancelled (its
+    handler is cancelled and writes nothing), nothing is queued; through the bridge an
+    SDK client's cancellation does the same."""
+    daemon = up(full_server(short_tmp, marks))
+    # a progress line first, so the answer is a stream, then the client leaves
+    _head, lines = stream_call(daemon, "full.count", {"n": 50, "pause_s": 0.1},
+                              close_after=1)
+    assert lines[0]["event"] == "progress"
+
+    async def cancel_through_bridge() -> None:
+        async with bridge(daemon.socket, "--expose", "direct") as session:
+            call = asyncio.ensure_future(session.call_tool(
+                "full.slow_write", {"key": "k1", "seconds": 30}))
+            await asyncio.sleep(2)
+            call.cancel()  # the SDK sends notifications/cancelled to the bridge
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await asyncio.sleep(1)
+
+    asyncio.run(cancel_through_bridge())
+    daemon.wait_until(lambda: marks.exists() and "cancelled k1" in marks.read_text(),
+                      timeout=20)
+    assert "wrote k1" not in marks.read_text()
+    assert daemon.call("GET", "/queue").body["jobs"] == []
+
+
+def test_a_sampling_request_reaches_the_client_whose_call_made_it(
+        up: Callable[..., DaemonProcess], short_tmp: Path, marks: Path) -> None:
+    """The server's sampling request during a call is answered by that call's SDK
+    client through the bridge; a caller with no stream, or one that cannot answer,
+    gets a clear refusal (the server's tool fails with it), never another's answer."""
+    import mcp_types as types
+
+    daemon = up(full_server(short_tmp, marks))
+    asked: list[str] = []
+
+    async def sample(context: Any, params: types.CreateMessageRequestParams
+                     ) -> types.CreateMessageResult:
+        asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+        return types.CreateMessageResult(role="assistant", model="test-model",
+                                         content=types.TextContent(type="text", text="42"))
+
+    async def through_bridge() -> Any:
+        async with bridge(daemon.socket, "--expose", "direct",
+                          sampling_callback=sample) as session:
+            return await session.call_tool("full.ask_model", {"question": "six times seven?"})
+
+    result = asyncio.run(through_bridge())
+    assert result.is_error is False, result
+    assert result.content[0].text == "the model said: 42"
+    assert asked == ["six times seven?"]
+
+    plain = daemon.call("POST", "/call/full.ask_model", {"question": "anyone?"})
+    assert plain.body["status"] == "error_permanent", plain.body
+    assert "opened no stream" in plain.body["message"]
+    head, lines = stream_call(daemon, "full.ask_model", {"question": "anyone?"})
+    assert "application/json" in head  # nothing streamed before it failed: a plain answer
+    assert "cannot answer sampling" in lines[-1]["message"], lines
+
+
+def test_a_sampling_request_is_answered_over_the_socket(
+        up: Callable[..., DaemonProcess], short_tmp: Path, marks: Path) -> None:
+    """Over the socket API a caller that says it answers sampling gets a request line and
+    answers it on another connection; only its own uid and grant may."""
+    daemon = up(full_server(short_tmp, marks))
+    body = json.dumps({"question": "ping?"}).encode()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(60)
+        sock.connect(str(daemon.socket))
+        sock.sendall(
+            b"POST /call/full.ask_model HTTP/1.1\r\nHost: capd\r\nAccept: application/x-ndjson"
+            b"\r\nCapd-Answers: sampling\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        data = b""
+        while b'"request"' not in _dechunk(data.partition(b"\r\n\r\n")[2]):
+            piece = sock.recv(65536)
+            assert piece, data
+            data += piece
+        question = json.loads(_dechunk(data.partition(b"\r\n\r\n")[2]).splitlines()[0])
+        assert question["method"] == "sampling/createMessage"
+        assert question["params"]["messages"][0]["content"]["text"] == "ping?"
+        wrong = daemon.call("POST", "/calls/nope/answers/1", {"result": {}})
+        assert wrong.status == 404
+        answered = daemon.call("POST", question["answer"], {"result": {
+            "role": "assistant", "model": "m", "content": {"type": "text", "text": "pong"}}})
+        assert answered.status == 200, answered.body
+        while not data.endswith(b"0\r\n\r\n"):
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+    last = json.loads(_dechunk(data.partition(b"\r\n\r\n")[2]).splitlines()[-1])
+    assert last["tool_result"]["result"] == {"result": "the model said: pong"}
+
+
+def test_resources_and_prompts_are_served_under_the_prefix_and_the_grant(
+        up: Callable[..., DaemonProcess], short_tmp: Path, marks: Path) -> None:
+    """Resources (listed, templates, read as text and blob) and prompts (listed, got with
+    arguments) over the socket API, the CLI and capd mcp; a profile that does not take
+    the server in hides them as unknown."""
+    daemon = up(full_server(short_tmp, marks) + """
+[profiles.nothing]
+capabilities = ["other.*"]
+[[peers]]
+gid = 4343
+profile = "nothing"
+""")
+    listed = daemon.call("GET", "/resources").body
+    uris = {r["uri"] for r in listed["resources"]}
+    assert {"capd://full/memo://greeting", "capd://full/memo://logo"} <= uris
+    assert [t["uriTemplate"] for t in listed["templates"]] == ["capd://full/memo://notes/{name}"]
+    text = daemon.call("POST", "/resources/read", {"uri": "capd://full/memo://greeting"})
+    assert text.status == 200, text.body
+    assert text.body["contents"][0]["text"] == "hello from a resource"
+    assert text.body["contents"][0]["uri"] == "capd://full/memo://greeting"
+    templated = daemon.call("POST", "/resources/read", {"uri": "capd://full/memo://notes/a"})
+    assert templated.body["contents"][0]["text"] == "note a"
+    missing = daemon.call("POST", "/resources/read", {"uri": "capd://nowhere/x://y"})
+    assert missing.status == 404
+    assert "GET /resources" in missing.body["detail"]
+    bad = daemon.call("POST", "/resources/read", {"uri": "capd://full/memo://absent"})
+    assert bad.status == 502, bad.body
+    prompts = daemon.call("GET", "/prompts").body["prompts"]
+    assert [p["name"] for p in prompts] == ["full.review"]
+    got = daemon.call("POST", "/prompts/full.review", {"code": "x = 1"})
+    assert got.status == 200, got.body
+    assert got.body["messages"][0]["content"]["text"] == "Please review: x = 1"
+    assert daemon.call("POST", "/prompts/full.review", {"code": 1}).status == 400
+
+    cli = subprocess.run([PY, "-m", "capd", "resources", "read", "capd://full/memo://logo",
+                          "--output-dir", str(short_tmp / "out"), "--socket",
+                          str(daemon.socket)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert cli.returncode == 0, cli.stderr
+    saved = list((short_tmp / "out").iterdir())
+    assert [f.read_bytes() for f in saved] == [b"\x89PNG-not-really"]
+    shown = subprocess.run([PY, "-m", "capd", "prompts", "get", "full.review", "-p", "code=y",
+                            "--socket", str(daemon.socket)], capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert "user: Please review: y" in shown.stdout
+
+    hidden = subprocess.run(
+        ["setpriv", "--groups=4343", "--", PY, "-m", "capd", "resources", "list", "--json",
+         "--socket", str(daemon.socket)], capture_output=True, text=True, timeout=60,
+        check=False)
+    assert hidden.returncode == 0, hidden.stderr
+    assert json.loads(hidden.stdout) == {"resources": [], "templates": []}
+    refused = subprocess.run(
+        ["setpriv", "--groups=4343", "--", PY, "-m", "capd", "prompts", "get", "full.review",
+         "-p", "code=z", "--socket", str(daemon.socket)], capture_output=True, text=True,
+        timeout=60, check=False)
+    assert refused.returncode != 0
+    assert "unknown prompt" in refused.stderr, refused.stderr
+
+    async def through_bridge() -> tuple[Any, Any, Any, Any]:
+        async with bridge(daemon.socket) as session:
+            resources = await session.list_resources()
+            read = await session.read_resource("capd://full/memo://greeting")
+            prompts = await session.list_prompts()
+            got = await session.get_prompt("full.review", {"code": "z"})
+            return resources, read, prompts, got
+
+    resources, read, prompts, got = asyncio.run(through_bridge())
+    assert "capd://full/memo://greeting" in {r.uri for r in resources.resources}
+    assert read.contents[0].text == "hello from a resource"
+    assert [p.name for p in prompts.prompts] == ["full.review"]
+    assert got.messages[0].content.text == "Please review: z"
+
+
+def test_a_write_past_its_timeout_is_cancelled_queued_and_lands_once(
+        up: Callable[..., DaemonProcess], short_tmp: Path, marks: Path) -> None:
+    """A write that outlives call_timeout_s is cancelled upstream (so it does not land
+    later), answered transient and queued; its replay lands it, once."""
+    daemon = up(full_server(short_tmp, marks, call_timeout_s=1, retry_policy="replay"))
+    first = daemon.call("POST", "/call/full.slow_write", {"key": "k2", "seconds": 3})
+    assert first.status == 202, first.body
+    assert (first.body["status"], first.body["error_type"]) == ("error_transient", "transient")
+    job = first.body["queued"]
+    daemon.wait_until(lambda: daemon.call("GET", f"/queue/{job}").body["state"] == "done",
+                      timeout=30)
+    time.sleep(3.5)  # past the first attempt's own 3 s: had it not been cancelled, it lands now
+    lines = marks.read_text().splitlines()
+    assert lines.count("cancelled k2") == 1, lines
+    assert lines.count("wrote k2") == 1, lines
