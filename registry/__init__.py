@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._agents import AgentSpec, InjectionSpec, Selection, select_capabilities
 from ._assemble import model_assembler
-from ._build import BuildConfig, build
+from ._build import BuildConfig, build, refresh_upstream
 from ._declarations import (
     DeclarationSet,
     describe_validation_error,
@@ -248,6 +248,7 @@ __all__ = [
     "placeholders",
     "probe_all",
     "read_url",
+    "refresh_upstream",
     "render",
     "render_vars",
     "run_probe",

@@ -100,11 +100,13 @@ async def _assemble(tools: dict[str, ToolSpec], pool: UpstreamPool | None,
                     ops: OpTable, probe: Probe | None, executor: Executor | None) -> Registry:
     """The registry of ``capabilities`` (and the upstreams' tools), probed; ``errors``
     gathers what is refused."""
-    upstream, left_out = await _upstream_capabilities(tools, pool)
+    upstream, left_out_by = await _upstream_capabilities(tools, pool)
     capabilities.extend(upstream)
 
     accepted: dict[str, Capability] = {}
-    not_on_host: dict[str, str] = dict(left_out)  # left out, with why
+    # left out, with why
+    not_on_host: dict[str, str] = {n: why for left in left_out_by.values()
+                                   for n, why in left.items()}
     # Aliases are checked against every declared name and claimed in declaration order,
     # before the checks that depend on this host, so every host leaves out the same ones.
     names = {cap.name for cap in capabilities}
@@ -153,6 +155,8 @@ async def _assemble(tools: dict[str, ToolSpec], pool: UpstreamPool | None,
     probes = await probe_all(tools, probe=probe, executor=executor, upstreams=pool)
     registry = Registry(accepted.values(), tools, probes, errors=errors, ops=ops, clock=time.time)
     registry.not_on_host = not_on_host
+    for source, left in left_out_by.items():
+        registry.left_out_from(source, left)
     return registry
 
 
@@ -209,22 +213,37 @@ def _settle_routes(
             accepted[cap.name] = cap.model_copy(update={"on_error": routes})
 
 
+async def refresh_upstream(registry: Registry, tool_id: str, pool: UpstreamPool) -> Registry:
+    """``registry`` with the MCP server ``tool_id``'s capabilities made again from the list
+    it gives now (after its ``tools/list_changed``); nothing else is rebuilt or probed.
+    Raises :class:`UpstreamError` when the server does not answer, :class:`ValueError`
+    when a new name clashes with another capability's."""
+    spec = registry.tool_spec(tool_id)
+    if not isinstance(spec, McpProbe):
+        raise TypeError(f"tool {tool_id!r} is not an MCP server")
+    found = await pool.get(tool_id, spec).ensure()
+    source = f"mcp:{tool_id}"
+    return registry.with_source(
+        source, upstream_capabilities(tool_id, spec, found, pool.call, source=source),
+        left_out_tools(tool_id, spec, found))
+
+
 async def _upstream_capabilities(tools: Mapping[str, ToolSpec], pool: UpstreamPool | None
-                                 ) -> tuple[list[Capability], dict[str, str]]:
-    """The capabilities of every MCP server, all handshakes at once, and the tools left out
-    with why (those a server runs only as tasks). A server that does not answer keeps
-    the tools it listed last (disabled with it by its probe)."""
+                                 ) -> tuple[list[Capability], dict[str, dict[str, str]]]:
+    """The capabilities of every MCP server, all handshakes at once, and by source the
+    tools left out with why (those a server runs only as tasks). A server that does not
+    answer keeps the tools it listed last (disabled with it by its probe)."""
     servers = {t: s for t, s in tools.items() if isinstance(s, McpProbe)}
     if not servers or pool is None:
         return [], {}
     listed = await asyncio.gather(*(pool.tools(t, s) for t, s in servers.items()))
     out: list[Capability] = []
-    left_out: dict[str, str] = {}
+    left_out: dict[str, dict[str, str]] = {}
     for (tool_id, spec), (found, error) in zip(servers.items(), listed, strict=True):
         if error is not None:
             log.warning("upstream_unreachable_at_build", tool=tool_id, error=error,
                         known_tools=len(found))
         out.extend(upstream_capabilities(tool_id, spec, found, pool.call,
                                          source=f"mcp:{tool_id}"))
-        left_out.update(left_out_tools(tool_id, spec, found))
+        left_out[f"mcp:{tool_id}"] = left_out_tools(tool_id, spec, found)
     return out, left_out

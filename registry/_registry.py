@@ -101,6 +101,8 @@ class Registry:
         self._search_cache: Path | None = None
         # Capabilities left out because this host lacks what they need: name -> why.
         self.not_on_host: dict[str, str] = {}
+        # Which of those an upstream left out, by source (replaced with its capabilities).
+        self._left_out_by: dict[str, frozenset[str]] = {}
         for cap in capabilities:
             if cap.name in self._all:
                 raise ValueError(f"duplicate capability {cap.name!r}")
@@ -247,6 +249,30 @@ class Registry:
             errors=self._errors,
             built_at=self.built_at,
         )
+
+    def with_source(self, source: str, capabilities: Iterable[Capability],
+                    not_on_host: Mapping[str, str]) -> Registry:
+        """A new registry in which the capabilities from ``source`` (and those it left
+        out) are ``capabilities`` (and ``not_on_host``); everything else as here: the
+        tools, the probe results, the errors, the ops and hooks. Raises
+        :class:`ValueError` when a new name clashes with another source's."""
+        previous = {c.name for c in self._all.values() if c.source == source}
+        kept = [c for c in self._all.values() if c.source != source]
+        registry = Registry([*kept, *capabilities], self._tools, self._probes,
+                            errors=self._errors, ops=self.ops, hooks=self.hooks,
+                            clock=self._clock)
+        registry.not_on_host = {
+            **{n: why for n, why in self.not_on_host.items()
+               if n not in previous and n not in self._left_out_by.get(source, ())},
+            **not_on_host}
+        registry._left_out_by = dict(self._left_out_by)
+        registry.left_out_from(source, not_on_host)
+        return registry
+
+    def left_out_from(self, source: str, names: Iterable[str]) -> None:
+        """Note which of :attr:`not_on_host` ``source`` left out (:meth:`with_source`
+        replaces them with what it leaves out next)."""
+        self._left_out_by[source] = frozenset(names)
 
     # ---------------------------------------------------------------- changes
 

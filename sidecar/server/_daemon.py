@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import structlog
 
 from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
-from capd.registry import ConfigError, OpThreads, Registry, UpstreamPool, build, run_probe
+from capd.registry import (
+    ConfigError,
+    OpThreads,
+    Registry,
+    UpstreamError,
+    UpstreamPool,
+    build,
+    refresh_upstream,
+    run_probe,
+)
 
 if TYPE_CHECKING:
     from capd.registry import SearchIndex
@@ -144,18 +153,43 @@ class Daemon:
         self._boosts: tuple[float, Mapping[str, float]] | None = None
 
     def _upstream_tools_changed(self, tool: str) -> None:
-        """A server said its tools changed: one reload after the burst settles (a server
-        announcing a hundred changes a second gets one reload, not a hundred)."""
+        """A server said its tools changed: one refresh of that server's capabilities
+        after the burst settles (a server announcing a hundred changes a second gets one
+        refresh, not a hundred), not a full reload."""
         if tool in self._tools_changed:
             return
         self._tools_changed.add(tool)
-        self.spawn(self._reload_for_upstream(tool))
+        self.spawn(self._refresh_upstream(tool))
 
-    async def _reload_for_upstream(self, tool: str) -> None:
+    async def _refresh_upstream(self, tool: str) -> None:
+        """Make ``tool``'s capabilities again from its new list and swap them in. A reload
+        that ran meanwhile leaves the refresh to be made on what it built; a name that
+        clashes with another capability's takes a full reload (which reports it)."""
         await asyncio.sleep(LIST_CHANGED_SETTLE_S)
         self._tools_changed.discard(tool)  # a change announced from now on is a new burst
-        log.info("reload_for_upstream", tool=tool)
-        await self.reloader.reload()
+        for _ in range(3):
+            if self.reloader.running:
+                await self.reloader.reload()  # its follow-up lists every server anew
+                return
+            base = self.registry
+            if not base.has_tool(tool):
+                return
+            started = time.monotonic()
+            try:
+                registry = await refresh_upstream(base, tool, self.upstreams)
+            except UpstreamError as exc:  # its probe marks it down; the old list stays
+                log.warning("upstream_refresh_failed", tool=tool, error=str(exc))
+                return
+            except ValueError as exc:
+                log.warning("upstream_refresh_clash", tool=tool, error=str(exc))
+                await self.reloader.reload()
+                return
+            await asyncio.to_thread(registry.prepare_search, self.loaded.state_dir() / "search")
+            if self.registry is base and not self.reloader.running:
+                self.registry = registry  # the policy and everything else stay as they are
+                log.info("upstream_refreshed", tool=tool, capabilities=len(registry),
+                         duration_s=round(time.monotonic() - started, 4))
+                return
 
     @property
     def health_pending_age_s(self) -> float:
