@@ -112,9 +112,10 @@ def main() -> None:
         seen: dict[str, list[float]] = {name: [] for name in daemons}
         calls: dict[str, list[float]] = {name: [] for name in daemons}
         answers: dict[str, str] = {}
-        for _ in range(args.rounds):
+        for round_no in range(args.rounds):
             for name, server in daemons.items():
-                latencies, seconds, what = one_round(server, size)
+                # a byte more each round: the same call again and again is a loop to capd
+                latencies, seconds, what = one_round(server, size + round_no)
                 seen[name] += latencies
                 calls[name].append(seconds)
                 answers[name] = what

@@ -350,8 +350,9 @@ class Upstream:
     async def _hold(self, ready: asyncio.Future[list[types.Tool]], stop: asyncio.Event) -> None:
         """Open the transport and the session, publish them, and hold them until ``stop``."""
         from mcp import ClientSession  # the SDK is imported only when an upstream is used
-        from mcp.client.stdio import StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
+
+        from ._stdio import stdio_transport
 
         spec = self.spec
         try:
@@ -359,13 +360,10 @@ class Upstream:
                 if spec.command is not None:
                     # The server runs behind the relay (same stdin, stderr and process
                     # group): an answer over max_result_bytes never reaches this loop.
-                    params = StdioServerParameters(
-                        command=sys.executable,
-                        args=["-I", str(RELAY), "--max-bytes", str(spec.max_result_bytes),
-                              "--", *spec.command],
-                        env=dict(spec.env) or None)
+                    argv = [sys.executable, "-I", str(RELAY), "--max-bytes",
+                            str(spec.max_result_bytes), "--", *spec.command]
                     streams = await stack.enter_async_context(
-                        stdio_client(params, errlog=sys.stderr))
+                        stdio_transport(argv, dict(spec.env) or None, sys.stderr))
                 else:
                     assert spec.url is not None
                     streams = await stack.enter_async_context(streamable_http_client(spec.url))
