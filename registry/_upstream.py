@@ -20,8 +20,9 @@ Bounded answers. A stdio server runs behind ``_relay.py`` (a script, same stdin,
 stderr and process group): a message over ``max_result_bytes`` (16 MiB) is dropped
 there, in pieces, and replaced by an error answering the same request, so the call is
 ``error_permanent`` / ``result_too_large`` with the size, the daemon never decodes or
-holds the answer, and the session stays usable. (A streamable-HTTP server's answers are
-not bounded this way.)
+holds the answer, and the session stays usable. A streamable-HTTP server's answer is
+bounded alike: a JSON answer by capd's HTTP client (its body is not read past the limit),
+an SSE one by the SDK's event limit set to the same size.
 
 A server's ``notifications/tools/list_changed`` calls ``on_tools_changed`` (the
 daemon refreshes that server's tools, and the new list becomes its capabilities).
@@ -352,6 +353,7 @@ class Upstream:
         from mcp import ClientSession  # the SDK is imported only when an upstream is used
         from mcp.client.streamable_http import streamable_http_client
 
+        from ._bounded_http import bounded_http_client
         from ._stdio import stdio_transport
 
         spec = self.spec
@@ -366,7 +368,11 @@ class Upstream:
                         stdio_transport(argv, dict(spec.env) or None, sys.stderr))
                 else:
                     assert spec.url is not None
-                    streams = await stack.enter_async_context(streamable_http_client(spec.url))
+                    client = await stack.enter_async_context(
+                        bounded_http_client(spec.max_result_bytes))
+                    streams = await stack.enter_async_context(streamable_http_client(
+                        spec.url, http_client=client,
+                        max_sse_event_size=spec.max_result_bytes))
                 read, write = streams[0], streams[1]
                 session = await stack.enter_async_context(
                     ClientSession(read, write, message_handler=self._message,
@@ -409,14 +415,24 @@ class ResultTooLarge(PermanentToolError):
     error_type = "result_too_large"
 
 
+_SSE_TOO_LARGE = re.compile(r"Server-sent event exceeded the (\d+) byte limit")
+
+
 def _too_large(exc: Exception) -> str | None:
-    """What the relay said of an answer it dropped (``the answer is N bytes; ...``)."""
+    """What was said of an answer over ``max_result_bytes``: by the relay of a stdio
+    server (``the answer is N bytes; ...``), or by the bounded HTTP client (a JSON answer)
+    or the SDK's event limit (an SSE answer) of a streamable-HTTP one."""
     error = getattr(exc, "error", None)
     message = str(getattr(error, "message", ""))
-    if getattr(error, "code", None) != RELAY_TOO_LARGE or not message.startswith(
+    if getattr(error, "code", None) == RELAY_TOO_LARGE and message.startswith(
             "result_too_large: "):
-        return None
-    return message.removeprefix("result_too_large: ")
+        return message.removeprefix("result_too_large: ")
+    if "result_too_large: " in message:
+        return message.partition("result_too_large: ")[2]
+    sse = _SSE_TOO_LARGE.search(message)
+    if sse is not None:
+        return f"an event over {sse.group(1)} bytes (max_result_bytes)"
+    return None
 
 
 def _timed_out(exc: Exception) -> bool:

@@ -401,3 +401,68 @@ def test_a_write_past_its_timeout_is_cancelled_queued_and_lands_once(
     lines = marks.read_text().splitlines()
     assert lines.count("cancelled k2") == 1, lines
     assert lines.count("wrote k2") == 1, lines
+
+
+HTTP_BIG = '''
+import sys
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("big")
+
+
+@server.tool()
+def big(n: int) -> str:
+    """Answer n bytes of text."""
+    return "a" * n
+
+
+server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]),
+           json_response=sys.argv[2] == "json")
+'''
+
+
+@pytest.mark.parametrize("mode", ["json", "sse"])
+def test_a_streamable_http_answer_over_max_result_bytes_is_refused(
+        up: Callable[..., DaemonProcess], short_tmp: Path, mode: str) -> None:
+    """A streamable-HTTP server's answer past max_result_bytes (a JSON body or an SSE
+    event) is error_permanent / result_too_large, the server stays up, and the next call
+    is answered on the same session."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = short_tmp / "http_big.py"
+    script.write_text(HTTP_BIG)
+    server = subprocess.Popen([PY, str(script), str(port), mode], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as conn:
+                if conn.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the HTTP MCP server did not start"
+            time.sleep(0.1)
+        daemon = up(f"""
+[tools.web_mcp]
+kind = "mcp"
+url = "http://127.0.0.1:{port}/mcp"
+timeout_s = 30
+max_result_bytes = 100000
+""")
+        small = daemon.call("POST", "/call/web_mcp.big", {"n": 10})
+        assert small.status == 200, small.body
+        large = daemon.call("POST", "/call/web_mcp.big", {"n": 200_000})
+        assert large.status == 502, large.body
+        assert large.body["error_type"] == "result_too_large", large.body
+        assert "100000" in large.body["message"]
+        again = daemon.call("POST", "/call/web_mcp.big", {"n": 11})
+        assert again.status == 200, again.body
+        assert caps(daemon)["web_mcp.big"]["state"] == "live"
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+
+
+def caps(daemon: DaemonProcess) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in daemon.call("GET", "/capabilities").body["capabilities"]}
