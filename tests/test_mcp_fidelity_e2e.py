@@ -33,6 +33,7 @@ from pathlib import Path
 
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 
 server = MCPServer("full")
 MARKS = Path(sys.argv[1])
@@ -60,6 +61,19 @@ async def ask_model(question: str, ctx: Context) -> str:
             type="text", text=question))], max_tokens=20,
         related_request_id=ctx.request_id)
     return f"the model said: {answer.content.text}"
+
+
+class Name(BaseModel):
+    name: str
+
+
+@server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
+async def greet(ctx: Context) -> str:
+    """Ask the user for a name (MCP elicitation) and greet them."""
+    answer = await ctx.elicit("What is your name?", Name)
+    if answer.action != "accept":
+        return f"no name ({answer.action})"
+    return f"hello {answer.data.name}"
 
 
 @server.tool()
@@ -267,6 +281,27 @@ def test_a_sampling_request_reaches_the_client_whose_call_made_it(
     assert result.is_error is False, result
     assert result.content[0].text == "the model said: 42"
     assert asked == ["six times seven?"]
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        assert params.message == "What is your name?"
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    async def greeted() -> Any:
+        async with bridge(daemon.socket, "--expose", "direct",
+                          elicitation_callback=elicit) as session:
+            return await session.call_tool("full.greet", {})
+
+    greeting = asyncio.run(greeted())
+    assert greeting.is_error is False, greeting
+    assert greeting.content[0].text == "hello Ada"
+
+    async def not_asked() -> Any:  # a client that declared no elicitation is never asked
+        async with bridge(daemon.socket, "--expose", "direct") as session:
+            return await session.call_tool("full.greet", {})
+
+    refused = asyncio.run(not_asked())
+    assert refused.is_error is True
+    assert "cannot answer elicitation" in json.dumps(refused.model_dump(mode="json"))
 
     plain = daemon.call("POST", "/call/full.ask_model", {"question": "anyone?"})
     assert plain.body["status"] == "error_permanent", plain.body
