@@ -62,6 +62,9 @@ DISCARD_LIMIT = 64 * 1024 * 1024
 # much of it.
 CHUNKED_SLICE = 16 * 1024
 
+SEPARATE_BODY_BYTES = 64 * 1024
+"""A body larger than this is written on its own, not copied into one piece with its head."""
+
 _REASONS = {s.value: s.phrase.encode("latin-1") for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEADERS_END = b"\r\n\r\n"
@@ -642,13 +645,18 @@ class HttpConnection(asyncio.Protocol):
             self._state.budget.release(self, call.reserved)
         if self._closing:
             return False
+        # A large body is written after its head rather than joined to it (a copy of it).
+        separate = len(response.body) > SEPARATE_BODY_BYTES and request.method != "HEAD"
         try:
             data = encode_response(response, keep_alive=request.keep_alive,
-                                   head=request.method == "HEAD")
+                                   head=request.method == "HEAD" or separate)
         except (UnicodeEncodeError, TypeError) as exc:  # a header HTTP cannot carry
             log.error("response_unencodable", path=request.path, error=repr(exc))
             data = encode_response(_internal_error(), keep_alive=request.keep_alive)
+            separate = False
         self._write(data)
+        if separate:
+            self._write(response.body)
         if (response.stream is not None and request.method != "HEAD"
                 and not await self._stream(response.stream)):
             return False
