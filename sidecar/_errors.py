@@ -13,9 +13,11 @@
         ├── UnknownProfile       no [profiles.NAME] by that name (HTTP 404)
         ├── ExportConflict       two capabilities would export under one tool name (HTTP 409)
         ├── UnresolvedAgent      an agent's entries (or an injection's) select nothing (HTTP 422)
+        ├── UnknownToken         no bearer token by that id or name (HTTP 404)
         ├── UpstreamFailed       an MCP server refused or did not answer a resource or
         │                        prompt request (HTTP 502)
         ├── SocketInUse          another daemon answers on the socket
+        ├── ListenFailed         [mcp.http] cannot listen where it says (in use, no such address)
         ├── UnsafeSocketFolder   the socket's folder is not the daemon's own
         ├── StateDirLocked       another daemon holds the state directory
         └── DaemonUnreachable    the CLI found no daemon on the socket
@@ -135,12 +137,20 @@ class UnresolvedAgent(SidecarError):
         super().__init__(f"agent {agent!r} cannot be resolved: {listed}")
 
 
+class UnknownToken(SidecarError, LookupError):
+    """No bearer token by that id or name (HTTP 404)."""
+
+
 class UpstreamFailed(SidecarError):
     """An upstream MCP server refused, or did not answer, a resource or prompt request."""
 
 
 class SocketInUse(SidecarError):
     """A live daemon already answers on the socket path."""
+
+
+class ListenFailed(SidecarError):
+    """The MCP front door over HTTP cannot listen where ``[mcp.http]`` says."""
 
 
 class UnsafeSocketFolder(SidecarError):

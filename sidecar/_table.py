@@ -116,6 +116,8 @@ OFFERS_ARE_NATIVE = ("an MCP client lists and reads them with resources/list, re
                      "prompts/list and prompts/get, which capd mcp serves natively")
 QUESTIONS_ARE_RELAYED = ("capd mcp answers a server's questions itself: it relays them to its "
                          "client as sampling or elicitation requests")
+TOKENS_ARE_THE_OPERATORS = ("a token is a grant; an agent that could make one could widen "
+                            "itself")
 CONSENT_IS_THE_OPERATORS = ("consent is given by a person through the operator's surface; an "
                             "agent that could grant it would consent to itself")
 
@@ -327,6 +329,33 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         "/calls/{call}/answers/{question}", ("answer",), "call_answer", takes_params=True,
         examples=("""capd answer CALL 1 --params '{"result": {"action": "decline"}}'""",)),
     OperatorCommand(
+        "token-create", "Make a bearer token for the MCP front door over HTTP.", "POST",
+        "/tokens", ("token", "create"), "token_create",
+        options=(
+            Option(("--profile",), "profile", "what the token reaches: a [profiles.NAME] of "
+                   "capd.toml (read at each request)", target="body"),
+            Option(("--allow",), "allow", "or exactly these capabilities (comma-separated)",
+                   target="body"),
+            Option(("--name",), "name", "a name for the logs and for revoke (default: the "
+                   "profile's and a few letters)", target="body"),
+            Option(("--channel",), "channel", "the conversation channel its holder speaks "
+                   "from", target="body"),
+            Option(("--ttl",), "ttl", "how long it lasts, e.g. 12h, 30d (default: until "
+                   "revoked)", target="body"),
+        ),
+        render="token",
+        examples=("capd token create --profile reader --ttl 30d --name ci-agent",
+                  "capd token create --allow notes.search,notes.read --json | jq -r .token"),
+        operator_only=TOKENS_ARE_THE_OPERATORS),
+    OperatorCommand("token-list", "Bearer tokens: name, reach, state (never the token).",
+                    "GET", "/tokens", ("token", "list"), "token_list", render="tokens",
+                    operator_only=TOKENS_ARE_THE_OPERATORS,
+                    examples=("capd token list", "capd token list --json")),
+    OperatorCommand("token-revoke", "Revoke a bearer token: refused from its next request.",
+                    "POST", "/tokens/{token}/revoke", ("token", "revoke"), "token_revoke",
+                    operator_only=TOKENS_ARE_THE_OPERATORS,
+                    examples=("capd token revoke ci-agent   # by name or id",)),
+    OperatorCommand(
         "consent-grant", "Grant consent for operations, for a while, maybe one session.",
         "POST", "/consent", ("consent", "grant"), "consent_grant",
         options=(
@@ -528,7 +557,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("recheck-tool", "reload", "status", "metrics", "queue-stats",
                      "queue-purge", "queue-list", "queue-show", "queue-retry", "queue-cancel",
                      "consent-grant", "consent-list", "consent-revoke", "sessions",
-                     "sessions-reset"), OPERATOR),
+                     "sessions-reset", "token-create", "token-list", "token-revoke"),
+                    OPERATOR),
 }
 """Who may use each row; the router refuses anyone else with 403 (every row is here)."""
 

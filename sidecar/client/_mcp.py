@@ -29,7 +29,7 @@ import secrets
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import anyio
@@ -126,6 +126,21 @@ def grant_header(profile: Profile | None, channel: str | None) -> str | None:
     if channel is not None:
         body["channel"] = channel
     return json.dumps(body, separators=(",", ":"))
+
+
+class Link(Protocol):
+    """How a bridge reaches the daemon: over its socket (:class:`DaemonLink`), or in the
+    daemon's own process (the MCP front door over HTTP)."""
+
+    async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
+                      body: Any = None, headers: dict[str, str] | None = None,
+                      on_chunk: OnChunk | None = None) -> tuple[int, Any]:
+        """(status, the JSON body) of the socket API's answer; raise :class:`DaemonDown`."""
+        ...
+
+    async def close(self) -> None:
+        """Let go of what the link holds."""
+        ...
 
 
 class DaemonLink:
@@ -247,7 +262,7 @@ class _Relay:
     to its progressToken, log lines as log messages, a server's sampling or elicitation
     request to the client (and its answer back to the daemon)."""
 
-    def __init__(self, link: DaemonLink, ctx: Any) -> None:
+    def __init__(self, link: Link, ctx: Any) -> None:
         self._link, self._ctx = link, ctx
         self._pending = b""
         self.result: tuple[int, Any] | None = None
@@ -314,7 +329,7 @@ class _Relay:
 class Bridge:
     """The MCP server's state: the daemon link, the profile, what direct mode exposes."""
 
-    link: DaemonLink
+    link: Link
     profile: Profile | None = None
     direct_tags: frozenset[str] | None = None
     poll_s: float = 2.0

@@ -205,7 +205,31 @@ def render_prompt(body: Any) -> str:
     return "\n".join(lines)
 
 
+def render_token(body: Any) -> str:
+    """A new token: the token itself (shown once) and what it reaches."""
+    reach = f"profile {_cell(body['profile'])}" if body.get("profile") else ""
+    if body.get("allow"):
+        reach += (", " if reach else "") + "allow " + ", ".join(_cell(a) for a in body["allow"])
+    return (f"{_cell(body['token'])}\n"
+            f"token {_cell(body['name'])} (id {_cell(body['id'])}): {reach}; "
+            "shown this once, capd keeps only its hash")
+
+
+def render_tokens(body: Any) -> str:
+    """A table of tokens."""
+    rows = [(_cell(t["name"]), _cell(t["id"]), _cell(t["state"]),
+             _cell(t.get("profile") or "") + ("" if not t.get("allow")
+                                              else f" allow:{len(t['allow'])}"))
+            for t in body["tokens"]]
+    width = max((len(r[0]) for r in rows), default=4)
+    lines = [f"{'NAME':<{width}} {'ID':<12} {'STATE':<8} REACH"]
+    lines += [f"{n:<{width}} {i:<12} {s:<8} {r}" for n, i, s, r in rows]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Any], str]] = {
+    "token": render_token,
+    "tokens": render_tokens,
     "offers": render_offers,
     "contents": render_contents,
     "prompt": render_prompt,

@@ -60,7 +60,8 @@ PATH_PARAM_HELP = {"name": "a capability's name or alias", "tool": "a tool id fr
                    "topology": "a topology id (capd topology list)",
                    "prompt": "a prompt's name (capd prompts list)",
                    "call": "the call id a streamed call's question names",
-                   "question": "the question's id in that call"}
+                   "question": "the question's id in that call",
+                   "token": "a token's name or id (capd token list)"}
 
 LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config", "completion", "install-units")
 

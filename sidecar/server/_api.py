@@ -49,6 +49,7 @@ from .._errors import (
     SearchUnavailable,
     UnknownAgent,
     UnknownProfile,
+    UnknownToken,
     UnresolvedAgent,
     UpstreamFailed,
 )
@@ -76,6 +77,8 @@ def session_of(caller: Caller, session: str, grant: Grant) -> str:
     """
     if not _SESSION.match(session):
         raise BadRequest("Capd-Session must be 1-64 letters, digits, '.', '_' or '-'")
+    if grant.token is not None:
+        return f"{grant.tag}:{session}"
     if caller.uid is None:
         return session
     tag = grant.tag
@@ -143,6 +146,8 @@ def _problem_for(exc: Exception, path: str) -> HttpResponse:
             return problem(404, "Unknown Tool", str(exc))
         case UnknownOffer():
             return problem(404, "Not Found", str(exc))
+        case UnknownToken():
+            return problem(404, "Unknown Token", str(exc))
         case UpstreamFailed():
             return problem(502, "Upstream Error", str(exc))
         case ToolUnavailable():

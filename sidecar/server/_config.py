@@ -105,8 +105,51 @@ class PolicyConfig(BaseModel):
     ssrf: SsrfConfig = Field(default_factory=SsrfConfig)
 
 
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+class McpHttpConfig(BaseModel):
+    """``[mcp.http]``: MCP over streamable HTTP, served by the daemon, for bearer tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str = Field("127.0.0.1:8765", description="host:port to listen on (loopback "
+                        "unless TLS is configured or insecure_plaintext is true).")
+    path: str = Field("/mcp", pattern=r"^/[A-Za-z0-9/_.-]*$")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="Origin values a browser-borne request may carry "
+        "(\"http://localhost:*\" allows any port); any other Origin is refused with 403.")
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    insecure_plaintext: bool = Field(False, description="Serve plain HTTP on an address "
+                                     "that is not loopback (tokens then cross in the clear).")
+    max_sessions: int = Field(1000, gt=0)
+    session_idle_timeout_s: float = Field(1800.0, gt=0)
+
+    @model_validator(mode="after")
+    def _address(self) -> McpHttpConfig:
+        host, colon, port = self.listen.rpartition(":")
+        host = host.strip("[]")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"listen {self.listen!r}: give host:port, e.g. 127.0.0.1:8765")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if host not in _LOOPBACK_HOSTS and self.tls_cert is None and not self.insecure_plaintext:
+            raise ValueError(f"listen {self.listen!r} is not a loopback address: set tls_cert "
+                             "and tls_key, or insecure_plaintext = true to send tokens in the "
+                             "clear")
+        return self
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """The address to bind."""
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
 class McpConfig(BaseModel):
-    """``[mcp]``: what ``capd mcp`` offers an agent beyond the capabilities."""
+    """``[mcp]``: what ``capd mcp`` offers an agent beyond the capabilities, and the MCP
+    front door over HTTP (``[mcp.http]``, off unless the table is there)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -114,6 +157,7 @@ class McpConfig(BaseModel):
         default_factory=list,
         description="Operator commands offered as MCP tools too (off by default): reload "
         "(answers when the reload is done) and recheck (says what it restored).")
+    http: McpHttpConfig | None = None
 
 
 class ProfileConfig(BaseModel):

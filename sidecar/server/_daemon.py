@@ -43,7 +43,7 @@ from capd.registry import (
 if TYPE_CHECKING:
     from capd.registry import SearchIndex
 
-from .._errors import SearchUnavailable
+from .._errors import ListenFailed, SearchUnavailable
 from .._paths import capd_version, default_socket_path
 from ._api import Api
 from ._authority import Authority, PeerBinding
@@ -63,6 +63,7 @@ from ._ssrf import SsrfGuard
 from ._statelock import acquire_state_lock
 from ._streams import Streams
 from ._systemd import Notifier, inherited_socket, run_watchdog, watchdog_interval_s
+from ._tokens import TokenStore
 
 LIST_CHANGED_SETTLE_S = 0.5
 """How long a server's notifications/tools/list_changed settle into one reload."""
@@ -121,6 +122,8 @@ class Daemon:
         # tools/list_changed reloads the registry so its new tools become capabilities.
         self.upstreams = UpstreamPool(on_tools_changed=self._upstream_tools_changed)
         self.streams = Streams()  # the streamed calls running now (their questions)
+        # Bearer tokens of the MCP front door over HTTP (hashed, in the state directory).
+        self.tokens = TokenStore(loaded.state_dir() / "tokens.json")
         self._tools_changed: set[str] = set()  # servers whose burst of changes is settling
         self.rechecker = Rechecker(
             lambda: self.registry, cooldown_s=config.recheck_cooldown_s,
@@ -463,6 +466,7 @@ class Daemon:
         server = HttpServer(api.hooks(), request_timeout_s=config.request_timeout_s,
                             max_connections=max_connections,
                             max_buffered_bytes=config.max_buffered_bytes)
+        front_door = self._front_door(api)
         self.http = server
         await server.start(sock)
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -486,6 +490,8 @@ class Daemon:
                 ))
                 tg.create_task(self._watch_loop_lag())
                 sweep_task = tg.create_task(self.sweep.run(self._stop))
+                if front_door is not None:
+                    tg.create_task(front_door)
                 if self.notifier.enabled:
                     tg.create_task(self._report_status())
                     watchdog = watchdog_interval_s()
@@ -502,6 +508,27 @@ class Daemon:
         self.state = "stopped"
         log.info("stopped")
         return 0
+
+    def _front_door(self, api: Api) -> Coroutine[Any, Any, None] | None:
+        """The MCP front door over HTTP, bound now (``[mcp.http]``), to serve until the
+        daemon stops; None when capd.toml has no ``[mcp.http]``. Raises
+        :class:`ListenFailed` when its address cannot be had."""
+        settings = self.loaded.config.mcp.http
+        if settings is None:
+            return None
+        from ._mcp_http import FrontDoor, bind, serve
+
+        try:
+            sock = bind(settings)
+        except OSError as exc:
+            raise ListenFailed(f"{exc.strerror}; free the port or change [mcp.http] listen "
+                               "in capd.toml") from exc
+
+        def current() -> Any:  # a reload's [mcp.http] origins and limits, its old address
+            return self.loaded.config.mcp.http or settings
+
+        door = FrontDoor(api, self.tokens, current, lambda: self.policy.authority)
+        return serve(door, sock, settings, self._stop)
 
     async def _drain(self, server: HttpServer, grace_s: float,
                      sweep: asyncio.Task[None]) -> None:

@@ -98,6 +98,7 @@ class Grant:
     narrowing: Narrowing | None = None
     channel: str | None = None
     bound: bool = False  # a [[peers]] entry named this caller
+    token: str | None = None  # the name of the bearer token that admitted this caller
     # Whether some capability is outside this grant (decided once: every call asks).
     restricted: bool = field(init=False, compare=False)
 
@@ -144,6 +145,8 @@ class Grant:
         """What keeps this grant's names apart from its uid's other callers' (sessions,
         idempotency keys, loop counts): None for an unlimited caller no binding names,
         else ``agent`` and the profile's name."""
+        if self.token is not None:
+            return f"token.{self.token}"
         if not self.restricted and not self.bound:
             return None
         return "agent" if self.profile is None else f"agent.{self.profile.name}"
@@ -151,6 +154,8 @@ class Grant:
     def describe(self) -> str:
         """The grant in a few words, for refusals and the audit trail."""
         parts: list[str] = [self.role]
+        if self.token is not None:
+            parts.append(f"token {self.token}")
         if self.profile is not None:
             parts.append(f"profile {self.profile.name}")
         if self.narrowing is not None and self.narrowing.limits:

@@ -38,6 +38,7 @@ from ._json import Unencodable, dumps
 from ._offer_handlers import OFFER_HANDLERS
 from ._services import CallResult, ConsentBook, Context, Reply, Services
 from ._streams import NDJSON, answer_kinds, wants_stream
+from ._token_handlers import TOKEN_HANDLERS
 
 log = structlog.get_logger("capd.handlers")
 
@@ -790,6 +791,7 @@ HANDLERS: dict[str, Handler] = {
     "agents_list": agents_list,
     "call": call,
     **OFFER_HANDLERS,
+    **TOKEN_HANDLERS,
     "consent_grant": consent_grant,
     "consent_list": consent_list,
     "consent_revoke": consent_revoke,

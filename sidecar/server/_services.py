@@ -24,12 +24,13 @@ from capd.recovery import (
 )
 from capd.registry import AgentSpec, Capability, InjectionSpec, Registry, TopologySet
 
-from ._grant import OPERATOR, Grant
+from ._grant import OPERATOR, Grant, Profile
 
 if TYPE_CHECKING:
     from capd.registry import SearchIndex, UpstreamPool
 
     from ._streams import Streams
+    from ._tokens import TokenStore
 
 State = Literal["starting", "ready", "draining", "stopped"]
 
@@ -61,8 +62,8 @@ class Caller:
         grant (a new process starts no fresh count); else the peer (uid and pid)."""
         if self.session is not None:
             return self.session
-        if self.pid is None:
-            return None
+        if self.pid is None:  # in process, or a bearer token's (counted by its token)
+            return self._grant_key if self.grant.token is not None else None
         return self._grant_key or f"peer:{self.uid}:{self.pid}"
 
     @property
@@ -75,6 +76,8 @@ class Caller:
     def _grant_key(self) -> str | None:
         """An agent's count by uid and grant; None for a caller that is no agent."""
         tag = self.grant.tag
+        if tag is not None and self.grant.token is not None:  # a token is its own caller
+            return tag
         return None if tag is None or self.uid is None else f"{tag}:{self.uid}"
 
 
@@ -231,6 +234,10 @@ class Authorities(Protocol):
     def narrow(self, grant: Grant, header: str) -> Grant:
         """``grant`` held to a ``Capd-Grant`` header; raises ``BadRequest``/``GrantRefused``."""
         ...
+    @property
+    def profiles(self) -> Mapping[str, Profile]:
+        """The ``[profiles]`` of capd.toml, by name."""
+        ...
 
 
 class PolicyView(Protocol):
@@ -316,6 +323,8 @@ class Services(Protocol):
     def upstreams(self) -> UpstreamPool: ...
     @property
     def streams(self) -> Streams: ...
+    @property
+    def tokens(self) -> TokenStore: ...
     def task_stats(self) -> dict[str, int]: ...
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats: ...
     async def search_index(self) -> SearchIndex: ...

@@ -1,0 +1,297 @@
+"""The MCP front door over streamable HTTP, served by the daemon for bearer tokens.
+
+``[mcp.http]`` in capd.toml turns it on: the SDK's streamable-HTTP session manager
+(spec 2025-06-18 and later: one MCP session per client, its own progress,
+cancellation and server-to-client requests) behind a small ASGI gate, served by
+uvicorn in the daemon's own event loop on ``listen`` (loopback unless TLS or
+``insecure_plaintext`` is set). Every request passes the gate in this order:
+
+1. the path is ``path`` (``/mcp``), else 404;
+2. an ``Origin`` header that is not in ``allowed_origins`` is refused with 403 (the
+   DNS-rebinding protection the spec asks for; the session manager also checks
+   ``Host``);
+3. ``Authorization: Bearer capd_...`` must name a token that is known, not revoked
+   and not expired (``_tokens.py``), read anew at every request; else 401 with a
+   ``WWW-Authenticate`` header saying why. A session is bound to the token that
+   opened it: another token's request for it is answered as if it did not exist.
+
+What a session offers is what ``capd mcp`` offers (the same :class:`Bridge`), with
+one hop less: its requests go straight to the socket API's handler in process, as a
+caller whose grant is the token's — an agent held to the token's profile and/or
+allow list and channel (the profile read from the configuration serving now), on
+every surface, with the same hidden-is-unknown and 403 answers as on the socket;
+its calls are rate-limited, loop-counted and keyed by the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlencode
+
+import orjson
+import structlog
+
+from ._grant import Grant, Narrowing
+from ._http import HttpRequest
+from ._services import Caller
+from ._tokens import TokenRecord, TokenRefused, TokenStore
+
+if TYPE_CHECKING:
+    from ._api import Api
+    from ._config import McpHttpConfig
+    from ._services import Authorities
+
+log = structlog.get_logger("capd.mcp_http")
+
+TOKEN_SCOPE_KEY = "capd.token"
+
+
+class LocalLink:
+    """The bridge's link to the daemon, in process: a request is handed to the socket
+    API's handler with the token's caller as its peer (no socket, no JSON hop back)."""
+
+    def __init__(self, api: Api, door: FrontDoor, record: TokenRecord, session: str) -> None:
+        self._api, self._door = api, door
+        self.record = record
+        self.agent_session = session
+        self._peer: tuple[Grant, Caller] | None = None
+
+    def _caller(self) -> Caller:
+        grant = self._door.grant_for(self.record)
+        if self._peer is None or self._peer[0] is not grant:
+            self._peer = (grant, Caller(groups=frozenset(), grant=grant))
+        return self._peer[1]
+
+    async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
+                      body: Any = None, headers: dict[str, str] | None = None,
+                      on_chunk: Callable[[bytes], Any] | None = None) -> tuple[int, Any]:
+        """What the socket API answers ``method path``: (status, the JSON body); a
+        streamed answer's chunks go to ``on_chunk`` (its body is then None)."""
+        raw_path, _, raw_query = path.partition("?")
+        query_string = "&".join(q for q in (raw_query, urlencode(query or {})) if q)
+        all_headers = {"capd-session": self.agent_session,
+                       **{k.lower(): v for k, v in (headers or {}).items()}}
+        payload = orjson.dumps(body) if method == "POST" and body is not None else b""
+        response = await self._api.handle(HttpRequest(
+            method, unquote(raw_path), query_string, all_headers, payload, self._caller()))
+        if response.stream is not None:
+            async def send(piece: bytes) -> None:
+                if on_chunk is not None:
+                    await on_chunk(piece)
+
+            await response.stream.run(send, asyncio.Event())
+            return response.status, None
+        if not response.body:
+            return response.status, None
+        if "json" in response.content_type:
+            return response.status, orjson.loads(response.body)
+        return response.status, response.body.decode("utf-8", "replace")
+
+    async def close(self) -> None:
+        """Nothing to close: no connection is held."""
+
+
+class FrontDoor:
+    """The ASGI app: the gate, then the SDK's session manager over per-session bridges."""
+
+    def __init__(self, api: Api, tokens: TokenStore, config: Callable[[], McpHttpConfig],
+                 authority: Callable[[], Authorities]) -> None:
+        from mcp.server.lowlevel import NotificationOptions, Server
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        from capd.sidecar.client._mcp import Bridge
+
+        from .._paths import capd_version
+
+        self._api, self._tokens = api, tokens
+        self._config, self._authority = config, authority
+        self._bridge_type = Bridge
+        # One bridge per MCP session (by its Mcp-Session-Id), the least recently used
+        # forgotten past the session cap (its session has ended or idled out by then).
+        self._bridges: OrderedDict[str, Any] = OrderedDict()
+        self._grants: dict[tuple[int, str], tuple[Any, Grant]] = {}
+        settings = config()
+        host, port = settings.host_port
+        server: Server[Any] = Server(
+            "capd", version=capd_version(),
+            instructions="Find capabilities with search_capabilities, read one with "
+            "get_capability, call it with invoke_capability.",
+            on_list_tools=self._on("list_tools"), on_call_tool=self._on("call_tool"),
+            on_list_resources=self._on("list_resources"),
+            on_list_resource_templates=self._on("list_resource_templates"),
+            on_read_resource=self._on("read_resource"),
+            on_list_prompts=self._on("list_prompts"), on_get_prompt=self._on("get_prompt"))
+        self.server = server
+        self.options = server.create_initialization_options(
+            NotificationOptions(resources_changed=True, prompts_changed=True))
+        hosts = [f"{host}:{port}", f"{host}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"]
+        self.manager = StreamableHTTPSessionManager(
+            server, security_settings=TransportSecuritySettings(
+                enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                allowed_origins=list(settings.allowed_origins)),
+            session_idle_timeout=settings.session_idle_timeout_s,
+            max_sessions=settings.max_sessions)
+
+    def grant_for(self, record: TokenRecord) -> Grant:
+        """The grant of a token under the configuration serving now (one object per
+        token and configuration generation: what the gateway's chain cache keys on)."""
+        authority = self._authority()
+        key = (id(authority), record.id)
+        found = self._grants.get(key)
+        if found is not None and found[0] is authority:
+            return found[1]
+        profile = authority.profiles.get(record.profile) if record.profile else None
+        if record.profile is not None and profile is None:
+            raise TokenRefused(f"token {record.name!r} is bound to profile {record.profile!r}, "
+                               "which capd.toml no longer declares")
+        narrowing = (Narrowing(frozenset(record.allow), frozenset(), None, f"token {record.name}")
+                     if record.allow else None)
+        grant = Grant("agent", profile, narrowing, record.channel, bound=True, token=record.name)
+        if len(self._grants) > 4096:
+            self._grants.clear()
+        self._grants[key] = (authority, grant)
+        return grant
+
+    def _on(self, method: str) -> Callable[..., Any]:
+        async def handle(ctx: Any, params: Any) -> Any:
+            return await getattr(self._bridge(ctx), method)(ctx, params)
+
+        handle.__name__ = method
+        return handle
+
+    def _bridge(self, ctx: Any) -> Any:
+        """The bridge of this MCP session (made at its first request), holding the token
+        that this request passed the gate with."""
+        record: TokenRecord = ctx.request.scope[TOKEN_SCOPE_KEY]
+        session_id = ctx.request.headers.get("mcp-session-id") or "stateless"
+        key = f"{record.id}:{session_id}"
+        bridge = self._bridges.get(key)
+        if bridge is None:
+            # the agent session capd counts loops and consent by: the MCP session's
+            bridge = self._bridge_type(
+                LocalLink(self._api, self, record, _session_name(session_id)))
+            self._bridges[key] = bridge
+            while len(self._bridges) > self._config().max_sessions + 64:
+                self._bridges.popitem(last=False)
+        else:
+            self._bridges.move_to_end(key)
+        link = bridge.link
+        assert isinstance(link, LocalLink)
+        link.record = record
+        return bridge
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The gate (path, Origin, token), then the session manager."""
+        if scope["type"] != "http":
+            return
+        settings = self._config()
+        if scope.get("path") != settings.path:
+            await _answer(send, 404, f"no MCP endpoint here; it is {settings.path}")
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        origin = headers.get("origin")
+        if origin is not None and not _origin_allowed(origin, settings.allowed_origins):
+            log.warning("mcp_http_origin_refused", origin=origin[:200])
+            await _answer(send, 403, f"requests from Origin {origin[:200]!r} are refused; "
+                          "an operator may add it to [mcp.http] allowed_origins")
+            return
+        presented = headers.get("authorization", "")
+        try:
+            record = self._tokens.check(_bearer(presented))
+            self.grant_for(record)  # a token whose profile went away is refused here too
+        except TokenRefused as exc:
+            reason = str(exc).replace('"', "'")
+            error = "" if not presented else ', error="invalid_token"'
+            await _answer(send, 401, str(exc), {
+                "www-authenticate": f'Bearer realm="capd"{error}, error_description="{reason}"'})
+            return
+        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+        from mcp.server.auth.provider import AccessToken
+
+        scope[TOKEN_SCOPE_KEY] = record
+        # the session manager binds a session to the principal that opened it
+        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=record.id, scopes=[]))
+        await self.manager.handle_request(scope, receive, send)
+
+
+def _bearer(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer ...`` header (None when there is none);
+    raise :class:`TokenRefused` for another scheme."""
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        raise TokenRefused("use Authorization: Bearer <token>")
+    return token.strip() or None
+
+
+def _session_name(session_id: str) -> str:
+    """A Capd-Session name for an MCP session id (1-64 letters, digits, '.', '_', '-')."""
+    kept = "".join(c for c in session_id if c.isalnum() or c in "._-")
+    return (kept or "mcp")[-64:]
+
+
+def _origin_allowed(origin: str, allowed: list[str]) -> bool:
+    for pattern in allowed:
+        if origin == pattern or (pattern.endswith(":*") and origin.startswith(pattern[:-1])):
+            return True
+    return False
+
+
+async def _answer(send: Any, status: int, detail: str,
+                  headers: dict[str, str] | None = None) -> None:
+    body = orjson.dumps({"status": status, "detail": detail})
+    raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    raw += [(k.encode(), v.encode("latin-1", "replace")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def bind(settings: McpHttpConfig) -> socket.socket:
+    """The listening socket of ``listen``; raise :class:`OSError` saying which address."""
+    host, port = settings.host_port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"[mcp.http] listen {settings.listen}: {exc.strerror}") from exc
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
+                stop: asyncio.Event) -> None:
+    """Serve ``door`` on ``sock`` until ``stop`` is set (uvicorn in this event loop,
+    without its signal handlers: the daemon keeps its own)."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def capture_signals(self) -> Any:  # the daemon handles SIGTERM, SIGINT and SIGHUP
+            return contextlib.nullcontext()
+
+    config = uvicorn.Config(
+        door, lifespan="off", log_level="warning", access_log=False, loop="none",
+        ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
+        timeout_graceful_shutdown=2)
+    server = _Server(config)
+    async with door.manager.run():
+        task = asyncio.ensure_future(server._serve(sockets=[sock]))
+        log.info("mcp_http_listening", listen=settings.listen, path=settings.path,
+                 tls=settings.tls_cert is not None)
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        stopper.cancel()
+        with contextlib.suppress(BaseException):
+            await task
