@@ -52,6 +52,10 @@ class McpTool:
     query: dict[str, str] = field(default_factory=dict)    # argument -> query key
     body: str | None = None                                # argument sent as the JSON body
     headers: dict[str, str] = field(default_factory=dict)  # argument -> header
+    # The tool as the default ("brief") tool set offers it: a short description and only
+    # the arguments an agent needs first (the others are still taken). None: the tool
+    # is offered only in the full set (``capd mcp --tools full``, ``[mcp] tools``).
+    brief: tuple[str, dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,10 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                            "description": "Only capabilities of this safety class."}}},
             query={"query": "q", "k": "k", "tags": "tag", "latency_class": "latency_class",
                    "include_disabled": "include_disabled", "safety": "safety"},
+            brief=("Find capabilities for a task: ids, summaries, live or disabled.",
+                   {"type": "object", "required": ["query"], "properties": {
+                       "query": {"type": "string", "description": "The task, in words."},
+                       "k": {"type": "integer", "description": "How many (5)."}}}),
         ),
     ),
     OperatorCommand(
@@ -215,6 +223,9 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             {"type": "object", "required": ["id"], "properties": {
                 "id": {"type": "string", "description": "The capability id, e.g. notes.append."}}},
             path={"id": "name"},
+            brief=("A capability's parameters (JSON Schema), effects and state.",
+                   {"type": "object", "required": ["id"], "properties": {
+                       "id": {"type": "string"}}}),
         ),
     ),
     OperatorCommand(
@@ -276,6 +287,13 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             path={"id": "name"}, body="arguments",
             headers={"idempotency_key": "Idempotency-Key", "timeout_s": "Capd-Timeout",
                      "run_disabled": "Capd-Run-Disabled"},
+            brief=("Call a capability. Result: status (success, partial, error_*) and "
+                   "result; a failed write may be queued.",
+                   {"type": "object", "required": ["id"], "properties": {
+                       "id": {"type": "string"},
+                       "arguments": {"type": "object",
+                                     "description": "Per get_capability's schema."},
+                       "idempotency_key": {"type": "string"}}}),
         ),
     ),
     OperatorCommand(

@@ -44,6 +44,10 @@ async def bridge(socket: Path, *extra: str, seen: list[str] | None = None,
         yield session
 
 
+BRIEF = {"search_capabilities", "get_capability", "invoke_capability"}
+"""The meta tools listed by default (``[mcp] tools = "brief"``)."""
+
+
 def data(result: types.CallToolResult) -> Any:
     assert result.structured_content is not None, result.content
     return result.structured_content
@@ -55,7 +59,7 @@ async def test_meta_tools_search_get_invoke(start: Start, web: FlipServer) -> No
     daemon = await asyncio.to_thread(start, recheck_interval_s=300, probe_live_interval_s=300)
     async with bridge(daemon.socket) as session:
         tools = await session.list_tools()
-        assert {t.name for t in tools.tools} == set(META_TOOLS)
+        assert {t.name for t in tools.tools} == BRIEF
         found = data(await session.call_tool("search_capabilities",
                                              {"query": "echo text back", "k": 3}))
         assert found["results"][0]["name"] == "e2e.echo"
@@ -179,7 +183,8 @@ def test_mcp_tools_are_rendered_from_the_table() -> None:
     # operator-only rows say why they are not tools; none of them is one
     operator_only = {row.id: row.operator_only for row in COMMANDS if row.operator_only}
     assert set(operator_only) == {"consent-grant", "consent-list", "consent-revoke",
-                                  "sessions", "sessions-reset"}
+                                  "sessions", "sessions-reset", "token-create", "token-list",
+                                  "token-revoke"}
     assert all(reason for reason in operator_only.values())
 
 
@@ -204,3 +209,27 @@ async def test_preflight_and_loop_detection_through_the_bridge(start: Start) -> 
         again = await session.call_tool("invoke_capability",
                                         {"id": "e2e.echo", "arguments": {"text": "same"}})
         assert not again.is_error
+
+
+async def test_the_brief_tool_set_is_terse_and_the_full_one_is_on_request(
+        start: Start, web: FlipServer) -> None:
+    """By default the bridge lists search, get and invoke in under 350 tokens (characters
+    / 4) and still answers the other meta tools; --tools full lists every one, with every
+    argument."""
+    import json
+
+    daemon = await asyncio.to_thread(start)
+    async with bridge(daemon.socket) as session:
+        brief = (await session.list_tools()).tools
+        listed = await session.call_tool("list_capabilities", {"limit": 2})
+    size = sum(len(json.dumps(t.model_dump(mode="json", by_alias=True, exclude_none=True)))
+               for t in brief) / 4
+    assert {t.name for t in brief} == BRIEF
+    assert size <= 350, size
+    assert listed.is_error is False
+    assert len(data(listed)["capabilities"]) == 2
+    async with bridge(daemon.socket, "--tools", "full") as session:
+        full = (await session.list_tools()).tools
+    assert {t.name for t in full} == set(META_TOOLS)
+    search = next(t for t in full if t.name == "search_capabilities")
+    assert {"tags", "safety", "latency_class"} <= set(search.input_schema["properties"])

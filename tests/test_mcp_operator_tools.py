@@ -16,12 +16,12 @@ from typing import Any, get_args
 import pytest
 
 from capd.registry import ConfigError
-from capd.sidecar.client._mcp import META_TOOLS, OPERATOR_TOOLS
+from capd.sidecar.client._mcp import OPERATOR_TOOLS
 from capd.sidecar.server import load_config
 from capd.sidecar.server._config import McpConfig
 
 from .daemon import DaemonProcess, FlipServer, write_e2e_config
-from .test_mcp import bridge, data
+from .test_mcp import BRIEF, bridge, data
 
 pytestmark = pytest.mark.slow  # starts the real daemon, the CLI and the bridge
 
@@ -63,7 +63,7 @@ def test_off_by_default(short_tmp: Path, web: FlipServer) -> None:
                 return tools, await session.call_tool("reload", {})
 
         tools, refused = asyncio.run(run())
-        assert tools == set(META_TOOLS)
+        assert tools == BRIEF
         assert refused.is_error
         assert "unknown tool 'reload'" in refused.content[0].text
     finally:
@@ -88,7 +88,7 @@ def test_reload_answers_when_done_and_recheck_says_what_came_back(
                         "reloaded": reloaded, "missing": missing}
 
         got = asyncio.run(run())
-        assert set(got["listed"]) == set(META_TOOLS) | {"reload", "recheck"}
+        assert set(got["listed"]) == BRIEF | {"reload", "recheck"}
         assert got["listed"]["recheck"].input_schema["required"] == ["id"]
         assert (got["still"]["state"], got["still"]["missing"]) == ("disabled", ["web"])
         assert (got["back"]["state"], got["back"]["restored"]) == ("live", ["e2e.web"])

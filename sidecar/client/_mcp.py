@@ -333,6 +333,10 @@ class Bridge:
     profile: Profile | None = None
     direct_tags: frozenset[str] | None = None
     poll_s: float = 2.0
+    # The meta tools listed: "brief" (search, get, invoke, terse) or "full"; None: what
+    # the daemon's [mcp] tools says.
+    tool_set: str | None = None
+    _daemon_tool_set: str = "brief"
     _direct: dict[str, types.Tool] = field(default_factory=dict)
     _operator: dict[str, McpTool] = field(default_factory=dict)  # offered, by tool name
     _session: Any = None
@@ -396,7 +400,9 @@ class Bridge:
         """The operator tools the daemon's ``[mcp] operator_tools`` offers this bridge now
         (those its grant may use: an agent's grant never reloads)."""
         status, body = await self.link.request("GET", "/whoami")
-        names = body.get("mcp", {}).get("operator_tools", []) if status == 200 else []
+        offers = body.get("mcp", {}) if status == 200 and isinstance(body, dict) else {}
+        names = offers.get("operator_tools", [])
+        self._daemon_tool_set = str(offers.get("tools", "brief"))
         self._operator = {spec.name: spec for row_id, spec in OPERATOR_TOOLS.items()
                           if row_id in names}
 
@@ -405,10 +411,14 @@ class Bridge:
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         """The meta tools, plus the direct ones when exposed."""
         self._session = ctx.session
-        tools = [types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
-                 for t in META_TOOLS.values()]
         with contextlib.suppress(DaemonDown):  # offered again once the daemon answers
             await self._refresh_operator()
+        if (self.tool_set or self._daemon_tool_set) == "full":
+            tools = [types.Tool(name=t.name, description=t.description,
+                                input_schema=t.input_schema) for t in META_TOOLS.values()]
+        else:  # the other meta tools still answer when called: they are only not listed
+            tools = [types.Tool(name=t.name, description=t.brief[0], input_schema=t.brief[1])
+                     for t in META_TOOLS.values() if t.brief is not None]
         tools += [types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
                   for t in self._operator.values()]
         if self.direct_tags is not None:

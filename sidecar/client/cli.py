@@ -197,7 +197,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                          "digits, '.', '_' or '-'")
     link = DaemonLink(_socket_path(args.socket), grant=grant_header(profile, channel))
     bridge = Bridge(link, profile=profile,
-                    direct_tags=frozenset(args.tag or ()) if args.expose == "direct" else None)
+                    direct_tags=frozenset(args.tag or ()) if args.expose == "direct" else None,
+                    tool_set=args.tools)
 
     async def main() -> None:
         try:
@@ -239,6 +240,8 @@ def cmd_mcp_config(args: argparse.Namespace) -> int:
         arguments += ["--expose", "direct", *(x for t in args.tag or () for x in ("--tag", t))]
     if getattr(args, "channel", None):
         arguments += ["--channel", args.channel]
+    if getattr(args, "tools", None):
+        arguments += ["--tools", args.tools]
     print(json.dumps({"mcpServers": {name: {"command": command, "args": arguments}}},
                      indent=2))
     return EXIT_OK
@@ -484,6 +487,9 @@ def make_parser() -> argparse.ArgumentParser:
         mcp.add_argument("--expose", choices=("meta", "direct"), default="meta",
                          help="direct: also offer matching capabilities as tools")
         mcp.add_argument("--tag", action="append", help="with --expose direct: these tags")
+        mcp.add_argument("--tools", choices=("brief", "full"), default=None,
+                         help="the meta tools listed: brief (search, get, invoke; terse) or "
+                         "full (all of them, every argument); default: [mcp] tools")
         mcp.add_argument("--channel", help="the conversation channel the agent speaks from "
                          "(private, team...): capabilities declaring channels run only for "
                          "theirs; a caller [[peers]] binds to a channel cannot change it")

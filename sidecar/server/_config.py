@@ -158,6 +158,9 @@ class McpConfig(BaseModel):
         description="Operator commands offered as MCP tools too (off by default): reload "
         "(answers when the reload is done) and recheck (says what it restored).")
     http: McpHttpConfig | None = None
+    tools: Literal["brief", "full"] = Field(
+        "brief", description="The meta tools a front door lists: brief (search, get and "
+        "invoke, terse: under 350 tokens) or full (every meta tool, every argument).")
 
 
 class ProfileConfig(BaseModel):

@@ -257,6 +257,11 @@ class Daemon:
         """The operator commands ``capd mcp`` offers as tools too (``[mcp] operator_tools``)."""
         return list(self.loaded.config.mcp.operator_tools)
 
+    @property
+    def mcp_tool_set(self) -> str:
+        """The meta tools a front door lists (``[mcp] tools``): brief or full."""
+        return self.loaded.config.mcp.tools
+
     def success_boosts(self, max_age_s: float = 1.0) -> Mapping[str, float]:
         """Each called capability's search boost from its success rate, made again at most
         every ``max_age_s`` (thousands of called capabilities take milliseconds)."""

@@ -525,7 +525,7 @@ async def whoami(ctx: Context) -> Reply:
             "label": narrowing.label}),
         "channel": grant.channel, "session": caller.session,
         "restricted": grant.restricted,
-        "mcp": {"operator_tools": offered},
+        "mcp": {"operator_tools": offered, "tools": ctx.services.mcp_tool_set},
     })
 
 
