@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from pathlib import Path
 
@@ -23,6 +22,8 @@ def default_socket_path() -> Path:
 def capd_version() -> str:
     """The installed package's version."""
     try:
+        import importlib.metadata  # a few tens of milliseconds: only when asked
+
         return importlib.metadata.version("capd")
     except importlib.metadata.PackageNotFoundError:
         return "0.0.0+unknown"

@@ -34,6 +34,10 @@ REGISTRY = {
     "GuardedHttp", "GuardedResponse", "guarded_fetch", "NetGuard", "NetGuardError",
     "SsrfRefused", "HttpLimitExceeded", "HttpUnreachable", "HttpTimeout", "UrlHost",
     "classify_address", "read_url",
+    # what a call in progress tells its caller (progress, questions), and upstreams'
+    # resources and prompts and their refresh
+    "CALL_EVENTS", "CallEvents", "CannotAsk", "current_events", "UnknownOffer",
+    "contents_as_json", "refresh_upstream",
 }
 
 

@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-from capd.registry import CapdError, ConfigError, build
+from capd.registry import CapdError, ConfigError
 
 from .._errors import DaemonDown
 from .._paths import DEFAULT_CONFIG_ENV, capd_version, default_socket_path
 from .._table import COMMANDS, OperatorCommand
-from .._views import check_report, render_check_table
 from ._client import request
 from ._completion import SHELLS
 from ._render import RENDERERS, describe_failure
@@ -127,6 +126,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     for variable in loaded.unknown_env:
         echo(f"capd: warning: {variable.sentence()}", err=True)
     loaded.seed()  # what the daemon would find at its start
+    from capd.registry import build  # the model and the build: only for check
+
+    from .._views import check_report, render_check_table
+
     registry = asyncio.run(build(loaded.build_config()))
     report = check_report(registry.snapshot())
     report["not_on_host"] = dict(registry.not_on_host)

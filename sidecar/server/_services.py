@@ -22,15 +22,19 @@ from capd.recovery import (
     RetryQueue,
     ToolRecheck,
 )
-from capd.registry import AgentSpec, Capability, InjectionSpec, Registry, TopologySet
+from capd.registry import (
+    AgentSpec,
+    CallEvents,
+    Capability,
+    InjectionSpec,
+    Registry,
+    TopologySet,
+)
 
 from ._grant import OPERATOR, Grant, Profile
 
 if TYPE_CHECKING:
     from capd.registry import SearchIndex, UpstreamPool
-
-    from ._streams import Streams
-    from ._tokens import TokenStore
 
 State = Literal["starting", "ready", "draining", "stopped"]
 
@@ -280,6 +284,36 @@ class MetricsText(Protocol):
     async def render(self) -> bytes: ...
 
 
+class StreamView(Protocol):
+    """One streamed call, as a handler answers its questions (``_streams.CallStream``)."""
+
+    def answer(self, question: str, body: Any) -> None: ...
+
+
+class StreamsView(Protocol):
+    """The streamed calls running now (``_streams.Streams``)."""
+
+    def of(self, call_id: str, caller: Caller) -> StreamView | None: ...
+    def open(self, caller: Caller, answers: frozenset[str]) -> OpenStream: ...
+
+
+class OpenStream(CallEvents, Protocol):
+    """A new stream as the call handler uses it."""
+
+    def close(self) -> None: ...
+    async def said_something(self, task: Any, gone: Any) -> bool: ...
+    def body(self, task: Any, last_line: Any) -> Any: ...
+
+
+class TokensView(Protocol):
+    """The bearer tokens (``_tokens.TokenStore``); records are ``_tokens.TokenRecord``."""
+
+    def create(self, name: str, *, profile: str | None = ..., allow: tuple[str, ...] = ...,
+               channel: str | None = ..., ttl_s: float | None = ...) -> tuple[Any, str]: ...
+    def records(self) -> list[Any]: ...
+    def revoke(self, key: str) -> Any: ...
+
+
 class Services(Protocol):
     """Everything a handler or the metrics collector reads of the daemon."""
 
@@ -324,9 +358,9 @@ class Services(Protocol):
     @property
     def upstreams(self) -> UpstreamPool: ...
     @property
-    def streams(self) -> Streams: ...
+    def streams(self) -> StreamsView: ...
     @property
-    def tokens(self) -> TokenStore: ...
+    def tokens(self) -> TokensView: ...
     def task_stats(self) -> dict[str, int]: ...
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats: ...
     async def search_index(self) -> SearchIndex: ...

@@ -9,13 +9,14 @@ from typing import Any
 import structlog
 
 from .._errors import BadRequest, UnknownProfile, UnknownToken
-from ._services import Context, Reply
-from ._tokens import TokenProblem, TokenStore
+from ._durations import parse_duration
+from ._services import Context, Reply, TokensView
+from ._tokens import TokenProblem
 
 log = structlog.get_logger("capd.tokens")
 
 
-def _store(ctx: Context) -> TokenStore:
+def _store(ctx: Context) -> TokensView:
     return ctx.services.tokens
 
 
@@ -30,8 +31,6 @@ def _names(value: Any) -> tuple[str, ...]:
 
 async def token_create(ctx: Context) -> Reply:
     """Make a token bound to a profile and/or an allow list (the token is shown once)."""
-    from ._handlers import parse_duration
-
     body = ctx.body if isinstance(ctx.body, dict) else {}
     profile = body.get("profile") or None
     allow = _names(body.get("allow"))
