@@ -27,21 +27,18 @@ import contextlib
 import json
 import secrets
 import tomllib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import anyio
-import mcp_types as types
-from mcp.server.lowlevel import NotificationOptions, Server
 
 from capd.registry import ConfigError, is_valid_reference, without_mark
 
 from .._errors import DaemonDown
-from .._paths import capd_version
 from .._table import COMMANDS, McpTool, OperatorCommand
-from ._stdio import stdio_streams
 from ._unixhttp import OnChunk, UnixHttp
 
 META_TOOLS: dict[str, McpTool] = {row.mcp.name: row.mcp for row in COMMANDS if row.mcp}
@@ -211,29 +208,22 @@ def _request_of(row: OperatorCommand, spec: McpTool, arguments: dict[str, Any]
     return path, query
 
 
-def _text(value: Any, *, is_error: bool) -> types.CallToolResult:
-    structured = value if isinstance(value, dict) else None
+def _text(value: Any, *, is_error: bool) -> dict[str, Any]:
+    """A tools/call result holding ``value`` as text (and as structured content when it
+    is an object)."""
     text = value if isinstance(value, str) else json.dumps(value, indent=1)
-    return types.CallToolResult(content=[types.TextContent(text=text)],
-                                structured_content=structured, is_error=is_error)
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
+    if isinstance(value, dict):
+        result["structuredContent"] = value
+    return result
 
 
-_BLOCKS: dict[str, Any] = {}
+BLOCK_TYPES = frozenset({"text", "image", "audio", "resource", "resource_link"})
 
 
-def _block(raw: Any) -> Any:
-    """An MCP content block from its JSON (None for one this SDK cannot read)."""
-    if not _BLOCKS:
-        _BLOCKS.update(text=types.TextContent, image=types.ImageContent,
-                       audio=types.AudioContent, resource=types.EmbeddedResource,
-                       resource_link=types.ResourceLink)
-    kind = _BLOCKS.get(str(raw.get("type"))) if isinstance(raw, dict) else None
-    if kind is None:
-        return None
-    try:
-        return kind.model_validate(raw)
-    except ValueError:
-        return None
+def _block(raw: Any) -> dict[str, Any] | None:
+    """An MCP content block as the server gave it (None for what is not one)."""
+    return raw if isinstance(raw, dict) and raw.get("type") in BLOCK_TYPES else None
 
 
 def _without_data(raw: Any) -> Any:
@@ -250,11 +240,46 @@ def _without_data(raw: Any) -> Any:
     return out
 
 
-def _problem(status: int, body: Any) -> types.CallToolResult:
+def _problem(status: int, body: Any) -> dict[str, Any]:
     detail = body.get("detail") if isinstance(body, dict) else body
     payload = body if isinstance(body, dict) else {"status": status, "detail": detail}
-    return types.CallToolResult(content=[types.TextContent(text=f"{detail}")],
-                                structured_content=payload, is_error=True)
+    return {"content": [{"type": "text", "text": f"{detail}"}], "structuredContent": payload,
+            "isError": True}
+
+
+class BridgeError(Exception):
+    """A request the bridge answers with a JSON-RPC error (``code``, the message)."""
+
+    def __init__(self, message: str, code: int = -32603) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+INVALID_PARAMS = -32602
+METHOD_NOT_FOUND = -32601
+
+
+class Peer(Protocol):
+    """The MCP client a request came from, as the bridge talks back to it."""
+
+    @property
+    def answers(self) -> frozenset[str]:
+        """What it declared it can answer: ``sampling``, ``elicitation``."""
+        ...
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Report progress on this request (nothing when it asked for none)."""
+        ...
+
+    async def log(self, level: str, data: Any, logger: str | None) -> None:
+        """A log message about this request."""
+        ...
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Ask the client (sampling, elicitation) about this request; raise
+        :class:`BridgeError` with its refusal."""
+        ...
 
 
 class _Relay:
@@ -262,16 +287,10 @@ class _Relay:
     to its progressToken, log lines as log messages, a server's sampling or elicitation
     request to the client (and its answer back to the daemon)."""
 
-    def __init__(self, link: Link, ctx: Any) -> None:
-        self._link, self._ctx = link, ctx
+    def __init__(self, link: Link, peer: Peer) -> None:
+        self._link, self._peer = link, peer
         self._pending = b""
         self.result: tuple[int, Any] | None = None
-
-    def kinds(self) -> list[str]:
-        """The kinds of question this client can answer (what it declared)."""
-        declared = getattr(self._ctx.session, "client_capabilities", None)
-        return [kind for kind in ("sampling", "elicitation")
-                if declared is not None and getattr(declared, kind, None) is not None]
 
     async def feed(self, chunk: bytes) -> None:
         """Take a piece of the stream; act on each whole line."""
@@ -283,51 +302,43 @@ class _Relay:
 
     async def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
-        session = self._ctx.session
         if kind == "result":
             self.result = (int(event["http_status"]), event["tool_result"])
         elif kind == "progress":
-            with contextlib.suppress(Exception):  # a client that asked for none
-                await session.report_progress(float(event["progress"]), event.get("total"),
-                                              event.get("message"))
+            with contextlib.suppress(Exception):  # a client gone meanwhile
+                await self._peer.progress(float(event["progress"]), event.get("total"),
+                                          event.get("message"))
         elif kind == "log":
             with contextlib.suppress(Exception):
-                await session.send_log_message(event.get("level") or "info", event.get("data"),
-                                               event.get("logger"),
-                                               related_request_id=self._ctx.request_id)
+                await self._peer.log(event.get("level") or "info", event.get("data"),
+                                     event.get("logger"))
         elif kind == "request":
             await self._answer(event)
 
     async def _answer(self, event: dict[str, Any]) -> None:
         """Ask this client what the server asked; send its answer (or refusal) back."""
-        from mcp.shared.message import ServerMessageMetadata
-
-        method = str(event.get("method"))
-        kinds: dict[str, tuple[Any, Any]] = {
-            "sampling/createMessage": (types.CreateMessageRequest,
-                                            types.CreateMessageResult),
-                 "elicitation/create": (types.ElicitRequest, types.ElicitResult)}
         answer: dict[str, Any]
         try:
-            request_type, result_type = kinds[method]
-            request = request_type.model_validate({"method": method,
-                                                   "params": event.get("params") or {}})
-            result = await self._ctx.session.send_request(
-                request, result_type,
-                metadata=ServerMessageMetadata(related_request_id=self._ctx.request_id))
-            answer = {"result": result.model_dump(mode="json", by_alias=True,
-                                                  exclude_none=True)}
-        except Exception as exc:  # the client refused, or cannot: the server is told why
-            error = getattr(exc, "error", None)
-            answer = {"error": {"code": getattr(error, "code", -32603),
-                                "message": getattr(error, "message", None) or
-                                f"{type(exc).__name__}: {exc}"}}
+            result = await self._peer.ask(str(event.get("method")), event.get("params") or {})
+            answer = {"result": result}
+        except BridgeError as exc:  # the client refused, or cannot: the server is told why
+            answer = {"error": {"code": exc.code, "message": exc.message}}
         await self._link.request("POST", str(event["answer"]), body=answer)
+
+
+def _tool(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "description": description, "inputSchema": schema}
 
 
 @dataclass
 class Bridge:
-    """The MCP server's state: the daemon link, the profile, what direct mode exposes."""
+    """What a front door offers an MCP client, in JSON: the meta tools, the direct ones,
+    resources and prompts, each answered by the daemon under this bridge's grant.
+
+    The protocol around it is another module's: ``_mcp_stdio.py`` (``capd mcp``, no SDK)
+    or the daemon's HTTP front door (the SDK's session manager). Errors are
+    :class:`BridgeError`; results are the MCP results as JSON objects.
+    """
 
     link: Link
     profile: Profile | None = None
@@ -337,9 +348,8 @@ class Bridge:
     # the daemon's [mcp] tools says.
     tool_set: str | None = None
     _daemon_tool_set: str = "brief"
-    _direct: dict[str, types.Tool] = field(default_factory=dict)
+    _direct: dict[str, dict[str, Any]] = field(default_factory=dict)
     _operator: dict[str, McpTool] = field(default_factory=dict)  # offered, by tool name
-    _session: Any = None
     # What the client was last shown of the upstreams' resources and prompts (by kind),
     # once it has listed them: watched, and list_changed sent when it changes.
     _offers_seen: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -371,7 +381,7 @@ class Bridge:
         """Recompute the directly exposed tools; True when the set changed."""
         if self.direct_tags is None:
             return False
-        tools: dict[str, types.Tool] = {}
+        tools: dict[str, dict[str, Any]] = {}
         for capsule in await self._capsules():
             if capsule["state"] != "live":
                 continue
@@ -386,11 +396,9 @@ class Bridge:
                 # an upstream's tool keeps what its server said (title, annotations,
                 # outputSchema) beside capd's name, description and input schema
                 extra = manifest.get("upstream_tool") or {}
-                known = types.Tool.model_validate({
-                    **{k: v for k, v in extra.items()
-                       if k in ("title", "annotations", "outputSchema", "icons")},
-                    "name": capsule["name"], "description": manifest["summary"],
-                    "inputSchema": manifest["parameters"]})
+                known = {**{k: v for k, v in extra.items()
+                            if k in ("title", "annotations", "outputSchema", "icons")},
+                         **_tool(capsule["name"], manifest["summary"], manifest["parameters"])}
             tools[capsule["name"]] = known
         changed = set(tools) != set(self._direct)
         self._direct = tools
@@ -406,50 +414,45 @@ class Bridge:
         self._operator = {spec.name: spec for row_id, spec in OPERATOR_TOOLS.items()
                           if row_id in names}
 
-    # ---------------------------------------------------------------- MCP
+    # ---------------------------------------------------------------- tools
 
-    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+    async def list_tools(self) -> dict[str, Any]:
         """The meta tools, plus the direct ones when exposed."""
-        self._session = ctx.session
         with contextlib.suppress(DaemonDown):  # offered again once the daemon answers
             await self._refresh_operator()
         if (self.tool_set or self._daemon_tool_set) == "full":
-            tools = [types.Tool(name=t.name, description=t.description,
-                                input_schema=t.input_schema) for t in META_TOOLS.values()]
+            tools = [_tool(t.name, t.description, t.input_schema) for t in META_TOOLS.values()]
         else:  # the other meta tools still answer when called: they are only not listed
-            tools = [types.Tool(name=t.name, description=t.brief[0], input_schema=t.brief[1])
-                     for t in META_TOOLS.values() if t.brief is not None]
-        tools += [types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
-                  for t in self._operator.values()]
+            tools = [_tool(t.name, *t.brief) for t in META_TOOLS.values() if t.brief]
+        tools += [_tool(t.name, t.description, t.input_schema) for t in self._operator.values()]
         if self.direct_tags is not None:
             # When the daemon is down the meta tools still answer, each with the reason.
             with contextlib.suppress(DaemonDown):
                 await self._refresh_direct()
             tools += list(self._direct.values())
-        return types.ListToolsResult(tools=tools)
+        return {"tools": tools}
 
-    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams
-                        ) -> types.CallToolResult:
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None,
+                        peer: Peer | None = None) -> dict[str, Any]:
         """Route one tool call to the daemon."""
-        self._session = ctx.session
-        arguments = dict(params.arguments or {})
+        arguments = dict(arguments or {})
         try:
-            if params.name in META_TOOLS:
-                return await self._call_meta(params.name, arguments, ctx)
-            if params.name in _OPERATOR_ROWS:
+            if name in META_TOOLS:
+                return await self._call_meta(name, arguments, peer)
+            if name in _OPERATOR_ROWS:
                 await self._refresh_operator()  # the operator may have turned it off since
-                if params.name in self._operator:
-                    return await self._call_operator(params.name, arguments)
-            if self.direct_tags is not None and params.name not in self._direct:
+                if name in self._operator:
+                    return await self._call_operator(name, arguments)
+            if self.direct_tags is not None and name not in self._direct:
                 await self._refresh_direct()  # a call may come before any tools/list
-            if self.direct_tags is not None and params.name in self._direct:
-                return await self._invoke(params.name, arguments, None, direct=True, ctx=ctx)
+            if self.direct_tags is not None and name in self._direct:
+                return await self._invoke(name, arguments, None, direct=True, peer=peer)
         except DaemonDown as exc:
             return _text(str(exc), is_error=True)
-        return _text(f"unknown tool {params.name!r}", is_error=True)
+        return _text(f"unknown tool {name!r}", is_error=True)
 
     async def _call_meta(self, name: str, arguments: dict[str, Any],
-                         ctx: Any = None) -> types.CallToolResult:
+                         peer: Peer | None) -> dict[str, Any]:
         spec = META_TOOLS[name]
         missing = [a for a in spec.input_schema.get("required", []) if a not in arguments]
         if missing:
@@ -461,7 +464,7 @@ class Bridge:
                        for arg, header in spec.headers.items()
                        if (value := arguments.get(arg)) not in (None, False, "")}
             return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
-                                      headers, ctx=ctx)
+                                      headers, peer=peer)
         if name == "preflight_calls":
             status, body = await self.link.request("POST", _ROWS[name].path, body=arguments)
             return _problem(status, body) if status >= 400 else _text(body, is_error=False)
@@ -472,8 +475,7 @@ class Bridge:
             return _problem(status, body)
         return _text(body, is_error=False)
 
-    async def _call_operator(self, name: str, arguments: dict[str, Any]
-                             ) -> types.CallToolResult:
+    async def _call_operator(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """An operator row the daemon offers as a tool: reload, or recheck a capability
         (only one inside this bridge's profile)."""
         spec, row = self._operator[name], _OPERATOR_ROWS[name]
@@ -486,7 +488,7 @@ class Bridge:
             return _problem(status, body)
         return _text(body, is_error=status >= 400)  # a failed reload: its own report
 
-    async def _list(self, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def _list(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """The daemon's own page (only what this bridge's grant holds): the same body as
         ``capd list --json``."""
         query = {key: str(arguments[key]) for key in ("tag", "state", "cursor", "limit")
@@ -496,7 +498,7 @@ class Bridge:
         return _problem(status, body) if status >= 400 else _text(body, is_error=False)
 
     async def _invoke(self, name: str, arguments: Any, headers: dict[str, str] | None,
-                      *, direct: bool = False, ctx: Any = None) -> types.CallToolResult:
+                      *, direct: bool = False, peer: Peer | None = None) -> dict[str, Any]:
         """Call ``name``. Meta mode answers the ToolResult (as text and structured
         content) followed by the upstream's own non-text blocks (images, audio,
         resources, links) as they came; a direct tool answers the upstream's blocks and
@@ -507,14 +509,14 @@ class Bridge:
         (when it declared it can answer). A client's cancellation closes the stream,
         which cancels the call upstream."""
         path = f"/call/{quote(name, safe='')}"
-        if ctx is None:
+        if peer is None:
             status, body = await self.link.request("POST", path, body=arguments,
                                                    headers=headers or None)
         else:
-            relay = _Relay(self.link, ctx)
+            relay = _Relay(self.link, peer)
             streamed = {**(headers or {}), "Accept": "application/x-ndjson"}
-            if kinds := relay.kinds():
-                streamed["Capd-Answers"] = ",".join(kinds)
+            if peer.answers:
+                streamed["Capd-Answers"] = ",".join(sorted(peer.answers))
             status, body = await self.link.request("POST", path, body=arguments,
                                                    headers=streamed, on_chunk=relay.feed)
             if relay.result is not None:
@@ -525,137 +527,92 @@ class Bridge:
         blocks = body.get("content")
         if not isinstance(blocks, list) or failed:
             return _text(body, is_error=failed)
-        relayed = [_block(b) for b in blocks]
+        relayed = [b for b in map(_block, blocks) if b is not None]
         if direct:
             facts = {k: body.get(k) for k in ("status", "capability", "request_id", "queued",
                                               "warnings", "answered_by", "message")}
-            return types.CallToolResult(
-                content=[b for b in relayed if b is not None],
-                structured_content=body.get("structured_content"), is_error=False,
-                _meta={"capd": facts})
+            result: dict[str, Any] = {"content": relayed, "isError": False,
+                                      "_meta": {"capd": facts}}
+            if isinstance(body.get("structured_content"), dict):
+                result["structuredContent"] = body["structured_content"]
+            return result
         readable = {**body, "content": [_without_data(b) for b in blocks]}
-        return types.CallToolResult(
-            content=[types.TextContent(text=json.dumps(readable, indent=1)),
-                     *(b for b in relayed if b is not None and b.type != "text")],
-            structured_content=body, is_error=False)
+        return {"content": [{"type": "text", "text": json.dumps(readable, indent=1)},
+                            *(b for b in relayed if b["type"] != "text")],
+                "structuredContent": body, "isError": False}
 
     # ------------------------------------------------- resources and prompts
 
     async def _offers(self, path: str, kind: str) -> list[dict[str, Any]]:
         """The daemon's list of ``kind`` (what this bridge's grant may see)."""
-        try:
-            status, body = await self.link.request("GET", path)
-        except DaemonDown as exc:
-            raise _mcp_error(str(exc)) from exc
-        if status != 200 or not isinstance(body, dict):
-            raise _mcp_error(_detail(status, body))
+        body = await self._ask("GET", path, None)
+        if not isinstance(body, dict):
+            raise BridgeError(f"capd answered {body!r} to GET {path}")
         items: list[dict[str, Any]] = body.get(kind, [])
         return items
 
     def _seen(self, kind: str, items: list[dict[str, Any]]) -> None:
         self._offers_seen[kind] = frozenset(json.dumps(i, sort_keys=True) for i in items)
 
-    async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
+    async def list_resources(self) -> dict[str, Any]:
         """Every upstream's resources, as ``capd://<prefix>/<uri>``."""
-        self._session = ctx.session
         items = await self._offers("/resources", "resources")
         self._seen("resources", items)
-        return types.ListResourcesResult(
-            resources=[types.Resource.model_validate(i) for i in items])
+        return {"resources": items}
 
-    async def list_resource_templates(self, ctx: Any, params: Any
-                                      ) -> types.ListResourceTemplatesResult:
+    async def list_resource_templates(self) -> dict[str, Any]:
         """Every upstream's resource templates."""
-        items = await self._offers("/resources", "templates")
-        return types.ListResourceTemplatesResult(
-            resource_templates=[types.ResourceTemplate.model_validate(i) for i in items])
+        return {"resourceTemplates": await self._offers("/resources", "templates")}
 
-    async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams
-                            ) -> types.ReadResourceResult:
+    async def read_resource(self, uri: str) -> dict[str, Any]:
         """One resource, read by the daemon from its server."""
-        return types.ReadResourceResult.model_validate(
-            await self._ask("POST", "/resources/read", {"uri": str(params.uri)}))
+        answer: dict[str, Any] = await self._ask("POST", "/resources/read", {"uri": uri})
+        return answer
 
-    async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
+    async def list_prompts(self) -> dict[str, Any]:
         """Every upstream's prompts, as ``<prefix>.<name>``."""
-        self._session = ctx.session
         items = await self._offers("/prompts", "prompts")
         self._seen("prompts", items)
-        return types.ListPromptsResult(prompts=[types.Prompt.model_validate(i) for i in items])
+        return {"prompts": items}
 
-    async def get_prompt(self, ctx: Any, params: types.GetPromptRequestParams
-                         ) -> types.GetPromptResult:
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
         """One prompt with its arguments."""
-        return types.GetPromptResult.model_validate(await self._ask(
-            "POST", f"/prompts/{quote(params.name, safe='')}", dict(params.arguments or {})))
+        answer: dict[str, Any] = await self._ask(
+            "POST", f"/prompts/{quote(name, safe='')}", dict(arguments or {}))
+        return answer
 
     async def _ask(self, method: str, path: str, body: Any) -> Any:
         try:
             status, answer = await self.link.request(method, path, body=body)
         except DaemonDown as exc:
-            raise _mcp_error(str(exc)) from exc
+            raise BridgeError(str(exc)) from exc
         if status != 200:
-            raise _mcp_error(_detail(status, answer),
-                             code=types.INVALID_PARAMS if status in (400, 404) else None)
+            detail = answer.get("detail") if isinstance(answer, dict) else answer
+            raise BridgeError(f"capd answered {status}: {detail}",
+                              INVALID_PARAMS if status in (400, 404) else -32603)
         return answer
 
-    async def watch(self) -> None:
-        """Announce list_changed: tools (direct mode) when the exposed set changes;
-        resources and prompts, once the client has listed them, when theirs do."""
+    async def changes(self) -> list[str]:
+        """What changed since the client was last shown it: ``tools`` (direct mode),
+        ``resources`` and ``prompts`` (once listed); the list_changed to send."""
+        changed = ["tools"] if await self._refresh_direct() else []
+        for kind, path in (("resources", "/resources"), ("prompts", "/prompts")):
+            if kind not in self._offers_seen:
+                continue
+            before = self._offers_seen[kind]
+            self._seen(kind, await self._offers(path, kind))
+            if self._offers_seen[kind] != before:
+                changed.append(kind)
+        return changed
+
+    async def watch(self, notify: Callable[[str], Awaitable[None]]) -> None:
+        """Send ``notifications/<kind>/list_changed`` (through ``notify``) whenever
+        :meth:`changes` finds one, every ``poll_s``."""
         while True:
             await anyio.sleep(self.poll_s)
             try:
-                changed = await self._refresh_direct()
-                offers = [(kind, await self._offers(path, kind))
-                          for kind, path in (("resources", "/resources"), ("prompts", "/prompts"))
-                          if kind in self._offers_seen]
+                changed = await self.changes()
             except Exception:  # the daemon down or refusing: asked again next time
                 continue
-            session = self._session
-            if session is None:
-                continue
-            if changed:
-                await session.send_tool_list_changed()
-            for kind, items in offers:
-                before = self._offers_seen[kind]
-                self._seen(kind, items)
-                if self._offers_seen[kind] != before:
-                    await (session.send_resource_list_changed() if kind == "resources"
-                           else session.send_prompt_list_changed())
-
-
-def _detail(status: int, body: Any) -> str:
-    detail = body.get("detail") if isinstance(body, dict) else body
-    return f"capd answered {status}: {detail}"
-
-
-def _mcp_error(message: str, code: int | None = None) -> Exception:
-    from mcp.shared.exceptions import MCPError
-
-    return MCPError(code=code if code is not None else types.INTERNAL_ERROR, message=message)
-
-
-async def serve(bridge: Bridge) -> None:
-    """Run the MCP server on stdin/stdout until the client goes away."""
-    server: Server[Any] = Server("capd", version=capd_version(),
-                                 instructions="Find capabilities with search_capabilities, "
-                                 "read one with get_capability, call it with "
-                                 "invoke_capability.",
-                                 on_list_tools=bridge.list_tools,
-                                 on_call_tool=bridge.call_tool,
-                                 on_list_resources=bridge.list_resources,
-                                 on_list_resource_templates=bridge.list_resource_templates,
-                                 on_read_resource=bridge.read_resource,
-                                 on_list_prompts=bridge.list_prompts,
-                                 on_get_prompt=bridge.get_prompt)
-    options = server.create_initialization_options(
-        NotificationOptions(tools_changed=bridge.direct_tags is not None,
-                            resources_changed=True, prompts_changed=True))
-    try:
-        async with stdio_streams() as (read, write), anyio.create_task_group() as group:
-            group.start_soon(bridge.watch)
-            await server.run(read, write, options)
-            group.cancel_scope.cancel()
-    finally:
-        await bridge.link.close()
-
+            for kind in changed:
+                await notify(kind)

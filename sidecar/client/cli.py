@@ -185,12 +185,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     """Serve MCP on stdio, forwarding to the daemon."""
-    import anyio
+    # The bridge is a relay: it loads neither the SDK nor structlog (nothing of its own
+    # writes a log line; stdout is the MCP channel).
+    from ._mcp import Bridge, DaemonLink, grant_header
+    from ._mcp_stdio import serve
 
-    from .._logging import configure_logging
-    from ._mcp import Bridge, DaemonLink, grant_header, serve
-
-    configure_logging("warning", "json", stream=sys.stderr)  # stdout is the MCP channel
     profile = _bridge_profile(args)
     if args.expose == "meta" and args.tag:
         raise UsageError("--tag chooses what --expose direct exposes; add --expose direct")
@@ -210,7 +209,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             echo(f"capd mcp: {exc} The profile is checked when the daemon answers.", err=True)
         await serve(bridge)
 
-    anyio.run(main)
+    asyncio.run(main())
     return EXIT_OK
 
 

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import socket
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlencode
 
@@ -122,11 +122,11 @@ class FrontDoor:
             "capd", version=capd_version(),
             instructions="Find capabilities with search_capabilities, read one with "
             "get_capability, call it with invoke_capability.",
-            on_list_tools=self._on("list_tools"), on_call_tool=self._on("call_tool"),
-            on_list_resources=self._on("list_resources"),
-            on_list_resource_templates=self._on("list_resource_templates"),
-            on_read_resource=self._on("read_resource"),
-            on_list_prompts=self._on("list_prompts"), on_get_prompt=self._on("get_prompt"))
+            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
+            on_list_prompts=self._list_prompts, on_get_prompt=self._get_prompt)
         self.server = server
         self.options = server.create_initialization_options(
             NotificationOptions(resources_changed=True, prompts_changed=True))
@@ -158,12 +158,49 @@ class FrontDoor:
         self._grants[key] = (authority, grant)
         return grant
 
-    def _on(self, method: str) -> Callable[..., Any]:
-        async def handle(ctx: Any, params: Any) -> Any:
-            return await getattr(self._bridge(ctx), method)(ctx, params)
+    # The SDK's handlers: the bridge answers in JSON, made into the SDK's results here.
 
-        handle.__name__ = method
-        return handle
+    async def _list_tools(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        return types.ListToolsResult.model_validate(await self._bridge(ctx).list_tools())
+
+    async def _call_tool(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        answer = await _sdk(self._bridge(ctx).call_tool(params.name, params.arguments,
+                                                        _SdkPeer(ctx)))
+        return types.CallToolResult.model_validate(answer)
+
+    async def _list_resources(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        answer = await _sdk(self._bridge(ctx).list_resources())
+        return types.ListResourcesResult.model_validate(answer)
+
+    async def _list_resource_templates(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        answer = await _sdk(self._bridge(ctx).list_resource_templates())
+        return types.ListResourceTemplatesResult.model_validate(answer)
+
+    async def _read_resource(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        answer = await _sdk(self._bridge(ctx).read_resource(str(params.uri)))
+        return types.ReadResourceResult.model_validate(answer)
+
+    async def _list_prompts(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        return types.ListPromptsResult.model_validate(
+            await _sdk(self._bridge(ctx).list_prompts()))
+
+    async def _get_prompt(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        answer = await _sdk(self._bridge(ctx).get_prompt(params.name, params.arguments))
+        return types.GetPromptResult.model_validate(answer)
 
     def _bridge(self, ctx: Any) -> Any:
         """The bridge of this MCP session (made at its first request), holding the token
@@ -219,6 +256,56 @@ class FrontDoor:
         # the session manager binds a session to the principal that opened it
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=record.id, scopes=[]))
         await self.manager.handle_request(scope, receive, send)
+
+
+async def _sdk(answer: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """The bridge's answer, its :class:`BridgeError` made the SDK's ``MCPError``."""
+    from mcp.shared.exceptions import MCPError
+
+    from capd.sidecar.client._mcp import BridgeError
+
+    try:
+        return await answer
+    except BridgeError as exc:
+        raise MCPError(exc.code, exc.message) from exc
+
+
+class _SdkPeer:
+    """The client of one request, through the SDK's request context."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        declared = getattr(ctx.session, "client_capabilities", None)
+        self.answers = frozenset(k for k in ("sampling", "elicitation")
+                                 if declared is not None and getattr(declared, k, None))
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        await self._ctx.session.report_progress(progress, total, message)
+
+    async def log(self, level: str, data: Any, logger: str | None) -> None:
+        await self._ctx.session.send_log_message(level, data, logger,
+                                                 related_request_id=self._ctx.request_id)
+
+    async def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        import mcp_types as types
+        from mcp.shared.message import ServerMessageMetadata
+
+        from capd.sidecar.client._mcp import BridgeError
+
+        kinds: dict[str, tuple[Any, Any]] = {
+            "sampling/createMessage": (types.CreateMessageRequest, types.CreateMessageResult),
+            "elicitation/create": (types.ElicitRequest, types.ElicitResult)}
+        try:
+            request_type, result_type = kinds[method]
+            result = await self._ctx.session.send_request(
+                request_type.model_validate({"method": method, "params": params}), result_type,
+                metadata=ServerMessageMetadata(related_request_id=self._ctx.request_id))
+        except Exception as exc:  # the client refused, or cannot: the server is told why
+            error = getattr(exc, "error", None)
+            raise BridgeError(getattr(error, "message", None) or f"{type(exc).__name__}: {exc}",
+                              getattr(error, "code", -32603)) from exc
+        answer: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return answer
 
 
 def _bearer(header: str) -> str | None:
