@@ -169,6 +169,7 @@ if TYPE_CHECKING:
     )
     from ._schema import (
         parameters_schema,
+        undescribed_parameters,
     )
     from ._search import (
         Hit,
@@ -322,6 +323,7 @@ __all__ = [
     "select_capabilities",
     "success_boost",
     "tokenize",
+    "undescribed_parameters",
     "validate_topology",
     "without_mark",
 ]
@@ -431,6 +433,7 @@ _LAZY: dict[str, str] = {
     'model_assembler': '_assemble',
     'op': '_ops',
     'parameters_schema': '_schema',
+    'undescribed_parameters': '_schema',
     'parse_count_overrides': '_topology',
     'parse_tool': '_declarations',
     'placeholders': '_template',

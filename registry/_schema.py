@@ -54,3 +54,37 @@ def _unwrap_optional(node: dict[str, Any]) -> dict[str, Any]:
     inner = non_null[0]
     # Outer keywords (description, default) win over the inner schema's.
     return {**inner, **merged}
+
+
+def undescribed_parameters(schema: dict[str, Any]) -> list[str]:
+    """The dotted paths of the properties in ``schema`` that carry no ``description``
+    (the tool-spec convention: every property has one), nested objects and array items
+    included; ``$ref``s are followed within the schema's own ``$defs``."""
+    defs = {**schema.get("$defs", {}), **schema.get("definitions", {})}
+    missing: list[str] = []
+
+    def visit(node: Any, path: str, depth: int) -> None:
+        if not isinstance(node, dict) or depth > 16:
+            return
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.rsplit("/", 1)[-1] in defs:
+            node = {**defs[ref.rsplit("/", 1)[-1]], **{k: v for k, v in node.items()
+                                                     if k != "$ref"}}
+        for name, child in (node.get("properties") or {}).items():
+            where = f"{path}.{name}" if path else name
+            if isinstance(child, dict):
+                described = child.get("description") or (
+                    isinstance(child.get("$ref"), str) and child["$ref"].rsplit("/", 1)[-1]
+                    in defs and defs[child["$ref"].rsplit("/", 1)[-1]].get("description"))
+                if not described:
+                    missing.append(where)
+            visit(child, where, depth + 1)
+        items = node.get("items")
+        if isinstance(items, dict):
+            visit(items, f"{path}[]", depth + 1)
+        for key in ("anyOf", "oneOf", "allOf"):
+            for option in node.get(key) or ():
+                visit(option, path, depth + 1)
+
+    visit(schema, "", 0)
+    return sorted(set(missing))

@@ -11,6 +11,7 @@ from capd.registry import (
     ProbeResult,
     RegistrySnapshot,
     parameters_schema,
+    undescribed_parameters,
 )
 
 from ._table import PROVIDER_FORMATS
@@ -177,6 +178,14 @@ def check_report(snapshot: RegistrySnapshot) -> dict[str, Any]:
         ],
         "tools": {tool: probe_view(r) for tool, r in sorted(snapshot.probes.items())},
         "errors": [e.as_dict() for e in snapshot.errors],
+        "warnings": [
+            {"capability": c.name, "field": field,
+             "message": f"{c.name}: parameter {field!r} has no description (a tool's every "
+                        "parameter needs one: the model reads it to fill the value)"}
+            for c in sorted((*snapshot.live.values(),
+                             *(e.capability for e in snapshot.disabled.values())),
+                            key=lambda c: c.name)
+            for field in undescribed_parameters(parameters_schema(c.parameters))],
         "counts": snapshot.counts,
     }
 
@@ -201,6 +210,8 @@ def render_check_table(report: dict[str, Any]) -> str:
     )
     for err in report["errors"]:
         lines.append(f"error: {err['message']}")
+    for warning in report.get("warnings", []):
+        lines.append(f"warning: {warning['message']}")
     for name, why in report.get("not_on_host", {}).items():
         lines.append(f"not offered on this host: {name}: {why}")
     return "\n".join(lines)

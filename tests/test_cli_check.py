@@ -180,3 +180,46 @@ def test_usage_error_exits_2() -> None:
     """An unknown subcommand is a usage error: exit 2."""
     done = run("frobnicate")
     assert done.returncode == 2
+
+
+def test_a_parameter_without_a_description_warns_and_fails_strict(tmp_path: Path) -> None:
+    """Every parameter of a tool needs a description: `capd check` warns naming the
+    capability and the field (nested ones too); `--strict` exits 1 for it."""
+    (tmp_path / "terse_pack.py").write_text('''
+from pydantic import BaseModel, Field
+
+from capd.registry import op
+
+
+class Where(BaseModel):
+    city: str
+
+
+class Params(BaseModel):
+    note: str = Field(description="The note to write.")
+    count: int = 1
+    where: Where = Field(description="Where it is.")
+
+
+@op("terse.write")
+def write(params: Params) -> str:
+    return params.note
+''')
+    (tmp_path / "caps.toml").write_text('''
+[[capability]]
+name = "terse.write"
+op = "terse.write"
+summary = "Write a note."
+''')
+    (tmp_path / "capd.toml").write_text('plugins = ["terse_pack"]\nplugin_paths = ["."]\n'
+                                        'declarations = ["caps.toml"]\nentry_points = false\n'
+                                        f'state_dir = "{tmp_path / "state"}"\n')
+    told = run("check", "--config", str(tmp_path / "capd.toml"))
+    assert told.returncode == 0, told.stderr
+    assert "warning: terse.write: parameter 'count' has no description" in told.stdout
+    assert "parameter 'where.city' has no description" in told.stdout
+    assert "'note'" not in told.stdout
+    strict = run("check", "--strict", "--json", "--config", str(tmp_path / "capd.toml"))
+    assert strict.returncode == 1
+    fields = {(w["capability"], w["field"]) for w in json.loads(strict.stdout)["warnings"]}
+    assert fields == {("terse.write", "count"), ("terse.write", "where.city")}

@@ -137,8 +137,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         echo(render_check_table(report))
-    if args.strict and report["errors"]:
-        return EXIT_FAILED
+    if args.strict and (report["errors"] or report["warnings"]):
+        return EXIT_FAILED  # --strict: a parameter without a description fails too
     return EXIT_OK
 
 
