@@ -324,6 +324,10 @@ class HostRequirements(BaseModel):
 _HOT = "capd_hot_path"  # (func is async, parameter names or None): see model_post_init
 
 
+INNER_TIMEOUT_S = 5.0
+"""The most an ``inner`` capability may take (its timeout is the strict tier's)."""
+
+
 class Capability(BaseModel):
     """One callable unit an agent may invoke.
 
@@ -360,6 +364,8 @@ class Capability(BaseModel):
         (), description="The conversation channels it may run for (private, team...): a "
         "caller speaking from another channel, or from none, is refused (wrong_channel). "
         "Empty: every channel.")
+    # inner: answers within INNER_TIMEOUT_S (a strict timeout); outer: up to a minute or
+    # more. Undeclared, it follows timeout_s.
     latency_class: LatencyClass = "inner"
     timeout_s: float = Field(30.0, gt=0, le=3600)
     op_id: str | None = None
@@ -393,6 +399,11 @@ class Capability(BaseModel):
         # A declared safety wins; otherwise it follows mutates_state (decided once, here).
         if isinstance(data, dict) and data.get("safety") is None:
             data = {**data, "safety": "writes" if data.get("mutates_state") else "read_only"}
+        # An undeclared latency class follows the time budget: inner within 5 s.
+        if isinstance(data, dict) and data.get("latency_class") is None:
+            timeout = data.get("timeout_s", 30.0)
+            inner = isinstance(timeout, int | float) and timeout <= INNER_TIMEOUT_S
+            data = {**data, "latency_class": "inner" if inner else "outer"}
         return data
 
     @field_validator("requires")
@@ -469,6 +480,10 @@ class Capability(BaseModel):
 
     @model_validator(mode="after")
     def _policy_is_coherent(self) -> Capability:
+        if self.latency_class == "inner" and self.timeout_s > INNER_TIMEOUT_S:
+            raise ValueError(
+                f"latency_class 'inner' answers within {INNER_TIMEOUT_S:g} s, and timeout_s is "
+                f"{self.timeout_s:g}: lower timeout_s, or declare latency_class = 'outer'")
         if self.retry_policy in ("replay", "verify_first") and not self.mutates_state:
             raise ValueError(
                 f"retry_policy '{self.retry_policy}' only applies to a capability that mutates "

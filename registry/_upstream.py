@@ -746,7 +746,6 @@ def upstream_capabilities(tool_id: str, spec: McpProbe, tools: Sequence[types.To
             safety=safety,
             retry_policy=spec.retry_policy if not read_only else "manual",
             tags=(*spec.tags, "mcp", tool_id),
-            latency_class="outer" if spec.url else "inner",
             # the SDK's read timeout decides first; the stall ping has its time after it
             timeout_s=min(3600.0, spec.call_timeout_s + spec.ping_timeout_s + 1),
             op_id=f"mcp:{tool_id}:{tool.name}",

@@ -297,6 +297,36 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         ),
     ),
     OperatorCommand(
+        "call-many", "Run up to 8 calls at once; every result, in order.", "POST", "/calls",
+        ("call-many",), "call_many", takes_params=True, render="json",
+        options=(Option(("--timeout",), "timeout_s", "give up on each after this many "
+                        "seconds (at most its capability's timeout_s)", target="header",
+                        header="Capd-Timeout"),),
+        examples=(
+            """capd call-many --params '{"calls": [{"capability": "notes.search", """
+            """"params": {"query": "a"}}, {"capability": "notes.search", "params": """
+            """{"query": "b"}}]}'""",),
+        mcp=McpTool(
+            "invoke_many",
+            "Call up to 8 capabilities at once (an outer loop's parallel calls). Each runs "
+            "as invoke_capability would; the results come back in order, each with its "
+            "http_status and tool_result (or problem).",
+            {"type": "object", "required": ["calls"], "properties": {
+                "calls": {"type": "array", "minItems": 1, "maxItems": 8,
+                          "description": "The calls, each {capability, params}.",
+                          "items": {"type": "object", "required": ["capability"],
+                                    "properties": {
+                                        "capability": {"type": "string",
+                                                       "description": "The capability id."},
+                                        "params": {"type": "object",
+                                                   "description": "Its parameters."},
+                                        "idempotency_key": {
+                                            "type": "string",
+                                            "description": "Makes a retried write safe."}}}}}},
+            body="*",
+        ),
+    ),
+    OperatorCommand(
         "preflight", "Check a plan of calls at once: consent needed, refusals and why.", "POST",
         "/preflight", ("preflight",), "preflight", takes_params=True,
         examples=(
@@ -560,8 +590,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     # supervisors' probes: an agent sees only the capabilities inside its grant in /health
     **dict.fromkeys(("health", "livez", "readyz"), EVERYONE),
     # what an agent works with, each answer limited to its grant
-    **dict.fromkeys(("list", "search", "show", "export", "call", "preflight", "whoami"),
-                    EVERYONE),
+    **dict.fromkeys(("list", "search", "show", "export", "call", "call-many", "preflight",
+                     "whoami"), EVERYONE),
     # upstreams' resources and prompts inside the grant; answers to one's own call only
     **dict.fromkeys(("resources", "resource-read", "prompts", "prompt-get", "call-answer"),
                     EVERYONE),

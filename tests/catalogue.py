@@ -34,6 +34,7 @@ def load_catalogue(copies: int = 1) -> list[Capability]:
             caps.append(Capability(
                 name=name + suffix, summary=summary, parameters=Params, func=_noop,
                 tags=tuple(tags.split(",")), latency_class=latency,  # type: ignore[arg-type]
+                timeout_s=5.0 if latency == "inner" else 30.0,
             ))
     return caps
 

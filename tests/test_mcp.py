@@ -178,8 +178,8 @@ def test_mcp_tools_are_rendered_from_the_table() -> None:
     """The third surface: every MCP meta tool is a table row's, and no other exists."""
     assert set(META_TOOLS) == {row.mcp.name for row in COMMANDS if row.mcp}
     assert set(META_TOOLS) == {"search_capabilities", "get_capability", "list_capabilities",
-                               "invoke_capability", "preflight_calls", "list_topologies",
-                               "get_topology", "expand_topology"}
+                               "invoke_capability", "invoke_many", "preflight_calls",
+                               "list_topologies", "get_topology", "expand_topology"}
     # operator-only rows say why they are not tools; none of them is one
     operator_only = {row.id: row.operator_only for row in COMMANDS if row.operator_only}
     assert set(operator_only) == {"consent-grant", "consent-list", "consent-revoke",

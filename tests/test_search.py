@@ -103,7 +103,8 @@ def test_exact_id_or_alias_comes_first() -> None:
 def test_filters_tags_latency_and_membership() -> None:
     """Tag filters need every tag; latency class matches or 'both'; allowed() excludes."""
     index = SearchIndex([
-        cap("a.read", "read the file", tags=("files", "read"), latency_class="inner"),
+        cap("a.read", "read the file", tags=("files", "read"), latency_class="inner",
+            timeout_s=2),
         cap("a.fetch", "read a url", tags=("web", "read"), latency_class="outer"),
         cap("a.any", "read anything", tags=("files",), latency_class="both"),
     ])

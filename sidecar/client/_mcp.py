@@ -465,7 +465,7 @@ class Bridge:
                        if (value := arguments.get(arg)) not in (None, False, "")}
             return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
                                       headers, peer=peer)
-        if name == "preflight_calls":
+        if spec.body == "*":  # the arguments are the request's body (preflight, invoke_many)
             status, body = await self.link.request("POST", _ROWS[name].path, body=arguments)
             return _problem(status, body) if status >= 400 else _text(body, is_error=False)
         row = _ROWS[name]

@@ -23,44 +23,17 @@ import orjson
 import structlog
 from structlog.contextvars import bind_contextvars
 
-from capd.recovery import (
-    IdempotencyConflict,
-    InvalidTransition,
-    QueueClosed,
-    UnknownJob,
-    UnknownTool,
-)
-from capd.registry import (
-    CapdError,
-    InvalidTopology,
-    ToolUnavailable,
-    UnknownCapability,
-    UnknownOffer,
-    UnknownTopology,
-)
-
 from .._errors import (
     BadRequest,
-    Draining,
-    ExportConflict,
-    Forbidden,
-    InvalidParams,
-    InvalidTimeout,
-    SearchUnavailable,
-    UnknownAgent,
-    UnknownProfile,
-    UnknownToken,
-    UnresolvedAgent,
-    UpstreamFailed,
 )
 from .._table import COMMANDS, OperatorCommand
 from ._authority import GRANT_HEADER, GrantRefused, PeerRefused, peer_credentials
-from ._consent import UnknownGrant
 from ._grant import Grant
 from ._handlers import HANDLERS
 from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
 from ._peers import RateLimiter
+from ._problems import problem_body
 from ._services import Caller, Context, Reply, Services
 
 log = structlog.get_logger("capd.api")
@@ -130,61 +103,8 @@ def _to_response(reply: Reply, request_id: str) -> HttpResponse:
 
 def _problem_for(exc: Exception, path: str) -> HttpResponse:
     """Translate an error raised while handling a request into a problem response."""
-    match exc:
-        case BadRequest():
-            return problem(400, "Bad Request", str(exc))
-        case Forbidden():
-            return problem(403, "Forbidden", str(exc))
-        case InvalidParams():
-            return problem(422, "Invalid Parameters", str(exc), errors=exc.errors)
-        case InvalidTimeout():
-            return problem(422, "Invalid Timeout", str(exc), capability=exc.name,
-                           requested=exc.requested, limit_s=exc.limit_s)
-        case UnknownCapability():
-            return problem(404, "Unknown Capability", str(exc), suggestions=exc.suggestions)
-        case UnknownTool():
-            return problem(404, "Unknown Tool", str(exc))
-        case UnknownOffer():
-            return problem(404, "Not Found", str(exc))
-        case UnknownToken():
-            return problem(404, "Unknown Token", str(exc))
-        case UpstreamFailed():
-            return problem(502, "Upstream Error", str(exc))
-        case ToolUnavailable():
-            return problem(503, "Server Unavailable", str(exc))
-        case UnknownAgent():
-            return problem(404, "Unknown Agent", str(exc), suggestions=exc.suggestions)
-        case UnknownProfile():
-            return problem(404, "Unknown Profile", str(exc), suggestions=exc.suggestions)
-        case ExportConflict():
-            return problem(409, "Export Conflict", str(exc), clashes=exc.clashes)
-        case UnresolvedAgent():
-            return problem(422, "Unresolved Agent", str(exc), agent=exc.agent,
-                           unresolved=exc.problems)
-        case UnknownTopology():
-            return problem(404, "Unknown Topology", str(exc), suggestions=exc.suggestions)
-        case InvalidTopology():
-            return problem(422, "Invalid Topology", str(exc), topology=exc.topology_id,
-                           problems=exc.problems)
-        case Draining():
-            return problem(503, "Draining", str(exc))
-        case SearchUnavailable():
-            return problem(503, "Search Unavailable", str(exc))
-        case UnknownJob():
-            return problem(404, "Unknown Job", str(exc))
-        case UnknownGrant():
-            return problem(404, "Unknown Grant", str(exc))
-        case IdempotencyConflict():
-            return problem(409, "Idempotency Conflict", str(exc))
-        case InvalidTransition():
-            return problem(409, "Invalid Transition", str(exc))
-        case QueueClosed():
-            return problem(503, "Queue Closed", str(exc))
-        case CapdError():
-            log.error("request_failed", path=path, error=str(exc))
-            return problem(500, "Internal Error", str(exc))
-    log.error("request_crashed", path=path, error=repr(exc))
-    return problem(500, "Internal Error", f"{type(exc).__name__}: {exc}")
+    status, body = problem_body(exc, path)
+    return HttpResponse(status, dumps(body), PROBLEM_JSON)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import structlog
 from pydantic import BaseModel, ValidationError
 
@@ -37,6 +38,7 @@ from ._durations import parse_duration
 from ._grant import resolve
 from ._json import Unencodable, dumps
 from ._offer_handlers import OFFER_HANDLERS
+from ._problems import problem_body
 from ._services import CallResult, ConsentBook, Context, Reply, Services
 from ._streams import NDJSON, answer_kinds, wants_stream
 from ._token_handlers import TOKEN_HANDLERS
@@ -261,6 +263,10 @@ def _int(ctx: Context, name: str, default: int) -> int:
     return value
 
 
+DEFAULT_K = {"inner": 3, "outer": 8}
+"""How many results a search answers by default, by the latency class it asks for."""
+
+
 async def search(ctx: Context) -> Reply:
     """Hybrid (BM25 + semantic) search over capsules, with a confidence; disabled ones only
     when asked, with why; ``explain=true`` says which terms and neighbours matched."""
@@ -270,12 +276,13 @@ async def search(ctx: Context) -> Reply:
     tags = [t for t in ctx.query.get("tag", "").split(",") if t]
     if not query.strip() and not tags:
         raise BadRequest("search needs a query (q=...) or a tag")
-    k = max(1, min(_int(ctx, "k", 5), 100))
     include_disabled = _flag(ctx, "include_disabled")
     explain = _flag(ctx, "explain")
     latency = ctx.query.get("latency_class") or None
     if latency not in (None, "inner", "outer", "both"):
         raise BadRequest("latency_class must be inner, outer or both")
+    # the tiers' K: a fast inner loop looks at 3, an outer one weighs 8
+    k = max(1, min(_int(ctx, "k", DEFAULT_K.get(latency or "", 5)), 100))
     safety = ctx.query.get("safety") or None
     if safety is not None and safety not in SAFETY_LEVELS:
         raise BadRequest(f"safety must be one of {', '.join(SAFETY_LEVELS)}, not {safety!r}")
@@ -386,10 +393,62 @@ _CALL_STATUS = {"success": 200, "partial": 200, "error_transient": 503, "error_p
 def _scoped_key(ctx: Context) -> str | None:
     """The ``Idempotency-Key``, in its caller's name space: an agent's keys (by uid and
     grant) never meet another caller's, so none can claim, or learn of, another's job."""
-    key, tag = ctx.idempotency_key, ctx.caller.grant.tag
-    if key is None or tag is None or ctx.caller.uid is None:
+    return _scoped(ctx, ctx.idempotency_key)
+
+
+def _scoped(ctx: Context, key: str | None) -> str | None:
+    tag = ctx.caller.grant.tag
+    if key is None or tag is None:
         return key
+    if ctx.caller.uid is None:  # a bearer token's: its tag names it
+        return f"{tag}:{key}"
     return f"{tag}:{ctx.caller.uid}:{key}"
+
+
+MAX_CALLS = 8
+"""How many calls ``POST /calls`` runs at once."""
+
+
+async def call_many(ctx: Context) -> Reply:
+    """Run up to :data:`MAX_CALLS` calls at once, each through the whole call path as this
+    caller; answer every one in order, each as it would have been answered alone."""
+    body = ctx.body if isinstance(ctx.body, dict) else {}
+    calls = body.get("calls")
+    if not isinstance(calls, list) or not 1 <= len(calls) <= MAX_CALLS:
+        raise BadRequest(f'send {{"calls": [{{"capability": NAME, "params": {{...}}}}, ...]}} '
+                         f"with 1 to {MAX_CALLS} calls")
+    for index, item in enumerate(calls):
+        if not isinstance(item, dict) or not isinstance(item.get("capability"), str) or \
+                not isinstance(item.get("params", {}), dict) or \
+                not isinstance(item.get("idempotency_key", ""), str):
+            raise BadRequest(f"calls[{index}] must be an object with capability (a name), "
+                             "params (an object) and, if any, idempotency_key (a string)")
+    gateway, timeout_s = ctx.services.gateway, _timeout_header(ctx)
+
+    async def one(index: int, item: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = await gateway.dispatch(
+                item["capability"], item.get("params", {}), ctx.caller,
+                request_id=f"{ctx.request_id}.{index}",
+                idempotency_key=_scoped(ctx, item.get("idempotency_key")), timeout_s=timeout_s)
+        except Exception as exc:  # each call answers what it would have alone
+            status, problem = problem_body(exc, ctx.path.get("name", "/calls"))
+            return {"http_status": status, "problem": problem}
+        reply = _call_reply(result)
+        return {"http_status": reply.status, "tool_result": orjson.loads(reply.body)}
+
+    results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
+    return Reply(200, {"results": results})
+
+
+def _timeout_header(ctx: Context) -> float | None:
+    raw = ctx.headers.get("capd-timeout")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise BadRequest(f"Capd-Timeout {raw!r} is not a number of seconds") from None
 
 
 async def call(ctx: Context) -> Reply:
@@ -774,6 +833,7 @@ HANDLERS: dict[str, Handler] = {
     "agent_show": agent_show,
     "agents_list": agents_list,
     "call": call,
+    "call_many": call_many,
     **OFFER_HANDLERS,
     **TOKEN_HANDLERS,
     "consent_grant": consent_grant,
