@@ -77,6 +77,13 @@ class AgentSpec(BaseModel):
     description: str = ""
     capabilities: tuple[str, ...] = Field(
         min_length=1, description="Capability names, globs (notes.*) and tags (tag:notes).")
+    engine: tuple[str, ...] | None = Field(
+        None, min_length=1, description="The program that runs the agent (any agent CLI, a "
+        "model runner, a script), as argv: given one, the agent is also the capability "
+        "agent.NAME, run with a JSON request on stdin.")
+    system_prompt: str = ""
+    latency_class: Literal["inner", "outer", "both"] | None = None
+    timeout_s: float = Field(60.0, gt=0, le=3600)
 
     @field_validator("capabilities")
     @classmethod

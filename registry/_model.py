@@ -373,6 +373,9 @@ class Capability(BaseModel):
         None, description="For an upstream MCP server's tool: what the server said of it "
         "beyond the schema (title, annotations, outputSchema, _meta), relayed by capd mcp.")
     options: Mapping[str, Any] = Field(default_factory=dict)
+    agent: Mapping[str, Any] | None = Field(
+        None, description="For an agent that runs (agent.NAME): its engine, system prompt "
+        "and the capabilities it may use, shown in the manifest.")
     transient_errors: tuple[Annotated[str, Field(pattern=ERROR_NAME_PATTERN)], ...] = Field(
         (), description="Exception classes (dotted names) that mean 'try again later'.")
     permanent_errors: tuple[Annotated[str, Field(pattern=ERROR_NAME_PATTERN)], ...] = Field(

@@ -99,6 +99,8 @@ def manifest(cap: Capability, snapshot: RegistrySnapshot) -> dict[str, Any]:
     }
     if cap.upstream_tool is not None:  # what the MCP server said of it beyond the schema
         body["upstream_tool"] = dict(cap.upstream_tool)
+    if cap.agent is not None:  # an agent that runs (agent.NAME)
+        body["agent"] = dict(cap.agent)
     if entry is not None:
         body["disabled"] = disabled_view(entry, snapshot)
     return body

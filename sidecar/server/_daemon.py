@@ -45,10 +45,12 @@ if TYPE_CHECKING:
 
 from .._errors import ListenFailed, SearchUnavailable
 from .._paths import capd_version, default_socket_path
+from ._agents import BridgeLaunch, capd_command, claude_config, resolve_agent
 from ._api import Api
 from ._authority import Authority, PeerBinding
 from ._config import LoadedConfig, load_config
 from ._consent import ConsentStore
+from ._engines import bridge_config, with_agents
 from ._gateway import Gateway
 from ._grant import Profile
 from ._http import HttpServer
@@ -229,10 +231,28 @@ class Daemon:
             log.info("stop_requested")
             self._stop.set()
 
+    def _with_agents(self, registry: Registry, loaded: LoadedConfig) -> Registry:
+        """``registry`` with a capability for each agent that declares an engine."""
+        try:
+            return with_agents(registry, loaded.agents, self._agent_config)
+        except ValueError as exc:
+            raise ConfigError(f"[agents]: {exc} (an agent with an engine is the capability "
+                              "agent.NAME; rename the one declared by that name)") from exc
+
+    def _agent_config(self, name: str, context: Mapping[str, str]) -> dict[str, Any]:
+        """The MCP configuration agent ``name`` runs with in ``context``: the capd bridge
+        held to what it resolves to now."""
+        resolution = resolve_agent(
+            name, agents=self.loaded.agents, injections=self.loaded.injections,
+            registry=self.registry, context=context,
+            bridge=BridgeLaunch(capd_command(), self.socket_path))
+        return bridge_config(claude_config(resolution))
+
     async def _rebuild(self) -> Registry:
         loaded = await asyncio.to_thread(load_config, self.loaded.path)
         registry = await build(loaded.build_config(), executor=self.user_executor,
                                upstreams=self.upstreams)
+        registry = self._with_agents(registry, loaded)
         await asyncio.to_thread(registry.prepare_search, loaded.state_dir() / "search")
         # A hook name that no longer resolves fails the reload; the old policy stays.
         self._next_policy = self._make_policy(loaded, registry)
@@ -436,6 +456,7 @@ class Daemon:
         # built once the daemon serves (phase 5): a search waits for it, a call does not.
         registry = await build(self.loaded.build_config(), executor=self.user_executor,
                                upstreams=self.upstreams)
+        registry = self._with_agents(registry, self.loaded)
         self.policy = self._make_policy(self.loaded, registry)
         self.registry = registry
         counts = self.registry.snapshot().counts

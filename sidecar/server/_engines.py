@@ -1,0 +1,191 @@
+"""Agents that run: an ``[agents.NAME]`` with an ``engine`` is also the capability ``agent.NAME``.
+
+Invoking it with ``{goal, context?, cwd?}`` runs the engine (any agent CLI, a local
+model runner, a script; its argv as declared) in a process group of its own:
+
+- stdin: one JSON object, ``{"goal", "context", "cwd", "system_prompt", "agent"}``;
+- ``CAPD_MCP_CONFIG``: the path of its MCP configuration (``{"mcpServers": {...}}``,
+  what ``capd agent resolve NAME --format claude`` answers, with the run's context): the
+  capd bridge held to exactly the agent's capabilities, so the engine's own tool calls
+  go through capd under the agent's grant (policy, loops, consent and the retry queue
+  apply to them); ``CAPD_AGENT``: its name;
+- stdout: its answer, one JSON value (at most :data:`MAX_OUTPUT` bytes): the result;
+- exit status: 0 is success; 75 (``EX_TEMPFAIL``) a transient failure; anything else a
+  permanent one, with the last lines of stderr;
+- past the capability's ``timeout_s`` (the agent's, 60 s unless declared) the process
+  group is killed (SIGKILL) and the call is a transient timeout: nothing is left running.
+
+An agent's capability mutates state (an agent may do anything its capabilities do) and is
+never replayed by the retry queue on its own (``manual``). Its manifest shows the agent:
+system prompt, engine, and the capabilities and servers it resolves to now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capd.registry import (
+    AgentSpec,
+    Capability,
+    PermanentToolError,
+    Registry,
+    TransientToolError,
+)
+
+AGENT_PREFIX = "agent."
+SOURCE = "capd:agents"
+MAX_OUTPUT = 1 << 20
+STDERR_TAIL = 2048
+EX_TEMPFAIL = 75
+
+
+class AgentTask(BaseModel):
+    """What an agent is asked to do."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    goal: str = Field(min_length=1, description="What the agent is to achieve, in words.")
+    context: dict[str, Any] | None = Field(
+        None, description="What it should know: facts, ids, prior results (a JSON object). "
+        "String values also select run-time injections, as capd agent resolve --context.")
+    cwd: str | None = Field(None, description="The directory it works in (must exist); "
+                            "the daemon's own when left out.")
+
+
+ConfigFor = Callable[[str, Mapping[str, str]], dict[str, Any]]
+"""The MCP configuration of agent NAME in a context (raises when it does not resolve)."""
+
+
+def agent_capabilities(agents: Mapping[str, AgentSpec], config_for: ConfigFor
+                       ) -> list[Capability]:
+    """One capability for each agent that declares an engine."""
+    out = []
+    for name, spec in sorted(agents.items()):
+        if spec.engine is None:
+            continue
+        summary = spec.description or f"Run the {name} agent on a goal."
+        out.append(Capability(
+            name=f"{AGENT_PREFIX}{name}", summary=summary,
+            description=(f"{summary} Runs {spec.engine[0]} with the goal; its own tool calls "
+                         "go through capd with the agent's capabilities."),
+            parameters=AgentTask, func=_runner(name, spec, config_for),
+            mutates_state=True, safety="external_side_effects", retry_policy="manual",
+            tags=("agent",), timeout_s=spec.timeout_s, latency_class=spec.latency_class,
+            agent={"name": name, "engine": list(spec.engine),
+                   "system_prompt": spec.system_prompt,
+                   "capabilities": list(spec.capabilities)},
+            op_id=f"agent:{name}", source=SOURCE))
+    return out
+
+
+def with_agents(registry: Registry, agents: Mapping[str, AgentSpec], config_for: ConfigFor
+                ) -> Registry:
+    """``registry`` with the agents' capabilities (a clash with a declared name is a
+    ``ValueError``)."""
+    return registry.with_source(SOURCE, agent_capabilities(agents, config_for), {})
+
+
+def _runner(name: str, spec: AgentSpec, config_for: ConfigFor) -> Callable[..., Any]:
+    async def run(params: AgentTask) -> Any:
+        context = {k: v for k, v in (params.context or {}).items() if isinstance(v, str)}
+        try:
+            config = config_for(name, context)
+        except Exception as exc:  # an agent that does not resolve cannot run
+            raise PermanentToolError(f"agent {name} cannot be resolved: {exc}") from exc
+        cwd = params.cwd
+        if cwd is not None and not await asyncio.to_thread(os.path.isdir, cwd):
+            raise PermanentToolError(f"cwd {cwd!r} is not a directory")
+        request = {"goal": params.goal, "context": params.context, "cwd": cwd,
+                   "system_prompt": spec.system_prompt, "agent": name}
+        assert spec.engine is not None
+        return await run_engine(spec.engine, request, config, cwd=cwd, agent=name)
+
+    run.__name__ = f"agent_{name}"
+    return run
+
+
+async def run_engine(argv: tuple[str, ...], request: dict[str, Any], config: dict[str, Any],
+                     *, cwd: str | None, agent: str) -> Any:
+    """Run one engine on ``request`` with its MCP ``config``; its JSON answer."""
+    with tempfile.TemporaryDirectory(prefix="capd-agent-") as folder:
+        config_path = Path(folder) / "mcp.json"
+        config_path.write_text(json.dumps(config))
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=cwd, start_new_session=True,
+                env={**os.environ, "CAPD_MCP_CONFIG": str(config_path), "CAPD_AGENT": agent})
+        except OSError as exc:
+            raise PermanentToolError(f"agent {agent}: its engine {argv[0]!r} cannot start: "
+                                     f"{exc.strerror or exc}") from exc
+        try:
+            return await _talk(proc, request, agent)
+        finally:
+            if proc.returncode is None:  # cancelled (its timeout) or failed: nothing stays
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(proc.wait())
+
+
+async def _talk(proc: asyncio.subprocess.Process, request: dict[str, Any], agent: str) -> Any:
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.write(json.dumps(request).encode() + b"\n")
+        await proc.stdin.drain()
+        proc.stdin.close()
+    tail = bytearray()
+
+    async def keep_tail() -> None:
+        assert proc.stderr is not None
+        while piece := await proc.stderr.read(65536):
+            tail.extend(piece)
+            del tail[:-STDERR_TAIL]
+
+    errors = asyncio.ensure_future(keep_tail())
+    out = bytearray()
+    try:
+        while piece := await proc.stdout.read(65536):
+            out.extend(piece)
+            if len(out) > MAX_OUTPUT:
+                raise PermanentToolError(f"agent {agent} printed more than {MAX_OUTPUT} bytes; "
+                                         "an engine answers one JSON value")
+        code = await proc.wait()
+        await errors
+    finally:
+        errors.cancel()
+    said = tail.decode("utf-8", "replace").strip()
+    if code == EX_TEMPFAIL:
+        raise TransientToolError(f"agent {agent} failed for now (exit 75): {said[-500:]}")
+    if code != 0:
+        raise PermanentToolError(f"agent {agent} exited {code}: {said[-500:] or 'no stderr'}")
+    try:
+        return json.loads(out)
+    except ValueError:
+        raise PermanentToolError(f"agent {agent} answered no JSON on stdout: "
+                                 f"{out[:200].decode('utf-8', 'replace')!r}") from None
+
+
+def bridge_config(resolved: dict[str, Any]) -> dict[str, Any]:
+    """A claude-format configuration whose capd bridges run as this interpreter's
+    ``-m capd`` (the ``capd`` script need not be on the engine's PATH)."""
+    servers = {}
+    for server_name, server in resolved.get("mcpServers", {}).items():
+        args = list(server.get("args", []))
+        if args[:1] == ["mcp"]:
+            server = {**server, "command": sys.executable, "args": ["-m", "capd", *args]}
+        servers[server_name] = server
+    return {"mcpServers": servers}
