@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._agents import (
+        AgentServer,
         AgentSpec,
         InjectionSpec,
         Selection,
@@ -214,6 +215,7 @@ __all__ = [
     "ALIAS_MARK",
     "CALL_EVENTS",
     "SAFETY_LEVELS",
+    "AgentServer",
     "AgentSpec",
     "Blocked",
     "BuildConfig",
@@ -334,6 +336,7 @@ __all__ = [
 # the declarations, the upstream pool or the search stack.
 _LAZY: dict[str, str] = {
     'ALIAS_MARK': '_names',
+    'AgentServer': '_agents',
     'AgentSpec': '_agents',
     'Blocked': '_outcomes',
     'BuildConfig': '_build',

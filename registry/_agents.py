@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ._errors import UnknownCapability
 from ._names import is_valid_reference, without_mark
@@ -70,6 +70,24 @@ def _check_entries(entries: tuple[str, ...]) -> tuple[str, ...]:
     return entries
 
 
+class AgentServer(BaseModel):
+    """``[agents.NAME.servers.ID]``: an MCP server of the agent's own, handed to its runtime
+    beside the capd bridge. ``{agent_id}`` and the run's context (``{thread_id}``,
+    ``{workspace_dir}``, ``{agent_dir}``, any ``--context`` key) are substituted into its
+    command, env and url when it is resolved; an unknown placeholder fails the resolution."""
+
+    model_config = _FROZEN
+    command: tuple[str, ...] | None = Field(None, min_length=1)
+    url: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one(self) -> AgentServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("a server is a command (stdio) or a url (HTTP), one of them")
+        return self
+
+
 class AgentSpec(BaseModel):
     """``[agents.NAME]``: the complete, explicit list of what one agent may use."""
 
@@ -82,6 +100,9 @@ class AgentSpec(BaseModel):
         "model runner, a script), as argv: given one, the agent is also the capability "
         "agent.NAME, run with a JSON request on stdin.")
     system_prompt: str = ""
+    servers: dict[str, AgentServer] = Field(
+        default_factory=dict, description="MCP servers of the agent's own (a workspace "
+        "file server...), with context placeholders.")
     latency_class: Literal["inner", "outer", "both"] | None = None
     timeout_s: float = Field(60.0, gt=0, le=3600)
 
@@ -145,24 +166,34 @@ class Selection:
         return view
 
 
-def select_capabilities(registry: Registry, entry: str) -> Selection:
+def select_capabilities(registry: Registry, entry: str, *, by_agent: bool = False
+                        ) -> Selection:
     """Expand ``entry`` against every capability of ``registry``, live or disabled.
 
     Never raises: an exact name that is not declared (with close names, or why
     this host leaves it out), or a glob or tag that matches nothing, comes back
-    with no capabilities and a ``problem`` sentence.
+    with no capabilities and a ``problem`` sentence. For an agent's own entries
+    (``by_agent``), an ``injection_only`` capability named exactly is a problem, and
+    globs and tags pass it by.
     """
     kind = entry_kind(entry)
     if kind == "name":
         try:
-            return Selection(entry, kind, (registry.resolve(entry),))
+            name = registry.resolve(entry)
+            if by_agent and registry.get(name).injection_only:
+                return Selection(entry, kind, (), (
+                    f"capability {name!r} is injection-only: an [[injections]] entry adds "
+                    "it in the context that needs it; an agent cannot list it"))
+            return Selection(entry, kind, (name,))
         except UnknownCapability as exc:
             why = registry.not_on_host.get(without_mark(entry))
             problem = (f"capability {entry!r} is not offered on this host ({why})"
                        if why is not None else str(exc))
             return Selection(entry, kind, (), problem)
     snapshot = registry.snapshot()
-    every = [*snapshot.live.values(), *(e.capability for e in snapshot.disabled.values())]
+    every = [c for c in (*snapshot.live.values(),
+                         *(e.capability for e in snapshot.disabled.values()))
+             if not (by_agent and c.injection_only)]
     if kind == "glob":
         found = sorted(c.name for c in every if fnmatch.fnmatchcase(c.name, entry))
         problem = f"glob {entry!r} matches no capability"

@@ -373,6 +373,10 @@ class Capability(BaseModel):
         None, description="For an upstream MCP server's tool: what the server said of it "
         "beyond the schema (title, annotations, outputSchema, _meta), relayed by capd mcp.")
     options: Mapping[str, Any] = Field(default_factory=dict)
+    injection_only: bool = Field(
+        False, description="Added to an agent only by a run-time injection, in the context "
+        "that needs it: an agent listing it by name is an error, and its globs and tags "
+        "pass it by.")
     agent: Mapping[str, Any] | None = Field(
         None, description="For an agent that runs (agent.NAME): its engine, system prompt "
         "and the capabilities it may use, shown in the manifest.")

@@ -37,7 +37,7 @@ REGISTRY = {
     # what a call in progress tells its caller (progress, questions), and upstreams'
     # resources and prompts and their refresh
     "CALL_EVENTS", "CallEvents", "CannotAsk", "current_events", "UnknownOffer",
-    "contents_as_json", "refresh_upstream", "undescribed_parameters",
+    "contents_as_json", "refresh_upstream", "undescribed_parameters", "AgentServer",
 }
 
 

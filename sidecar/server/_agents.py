@@ -32,11 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from capd.registry import (
+    AgentServer,
     AgentSpec,
     InjectionSpec,
     McpProbe,
     Registry,
     Selection,
+    TemplateError,
+    render,
     select_capabilities,
 )
 
@@ -159,7 +162,8 @@ def resolve_agent(
     injection's, matched or not — that selects no capability.
     """
     spec = find_agent(name, agents)
-    expansion = tuple(select_capabilities(registry, entry) for entry in spec.capabilities)
+    expansion = tuple(select_capabilities(registry, entry, by_agent=True)
+                      for entry in spec.capabilities)
     problems = [{"entry": s.entry, "declared_in": f"agents.{name}", "detail": s.problem}
                 for s in expansion if s.problem is not None]
     injected: list[Injected] = []
@@ -169,6 +173,15 @@ def resolve_agent(
                       "detail": s.problem} for s in selections if s.problem is not None]
         if injection.matches(context):
             injected.append(Injected(index, injection.when, injection.why, selections))
+    own_servers: dict[str, dict[str, Any]] = {}
+    values = {"agent_id": name, **context}
+    for server_id, server in spec.servers.items():
+        try:
+            own_servers[server_id] = _rendered(server, values)
+        except TemplateError as exc:
+            problems.append({"entry": f"servers.{server_id}", "declared_in": f"agents.{name}",
+                             "detail": f"{exc}; give it with --context KEY=VALUE (known: "
+                                       f"{', '.join(sorted(values))})"})
     if problems:
         raise UnresolvedAgent(name, problems)
     names = sorted({n for s in expansion for n in s.capabilities}
@@ -182,11 +195,26 @@ def resolve_agent(
         for tool in registry.get(cap_name).requires:
             if registry.has_tool(tool) and direct_server(registry.tool_spec(tool)) is not None:
                 direct.setdefault(tool, []).append(cap_name)
-    servers = {f"{BRIDGE_PREFIX}{name}": bridge_server(bridge, names, expose_direct=bool(direct))}
+    servers = {f"{BRIDGE_PREFIX}{name}": bridge_server(bridge, names, expose_direct=bool(direct)),
+               **own_servers}
     return AgentResolution(
         agent=name, description=spec.description, context=dict(context), expansion=expansion,
         injected=tuple(injected), capabilities=tuple(names), disabled=disabled,
         direct={tool: tuple(caps) for tool, caps in sorted(direct.items())}, servers=servers)
+
+
+def _rendered(server: AgentServer, values: Mapping[str, str]) -> dict[str, Any]:
+    """An agent's own server with the context substituted (raises :class:`TemplateError`
+    naming a placeholder the context does not give)."""
+    if server.command is not None:
+        command = [render(part, values) for part in server.command]
+        out: dict[str, Any] = {"command": command[0], "args": command[1:]}
+    else:
+        assert server.url is not None
+        out = {"type": "http", "url": render(server.url, values)}
+    if server.env:
+        out["env"] = {key: render(value, values) for key, value in server.env.items()}
+    return out
 
 
 def bridge_server(bridge: BridgeLaunch, capabilities: Sequence[str], *,
