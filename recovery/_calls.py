@@ -166,8 +166,8 @@ async def call_capability(
         return CallOutcome("transient", error_type="transient", message=exc.message,
                            retry_after_s=exc.retry_after_s)
     except PermanentToolError as exc:
-        return CallOutcome("permanent", error_type=exc.error_type or "permanent",
-                           message=exc.message)
+        return CallOutcome("permanent", value=exc.answer,
+                           error_type=exc.error_type or "permanent", message=exc.message)
     except TimeoutError as exc:
         if not limit.expired:  # the op's own client timed out: a network failure
             return CallOutcome("transient", error_type="TimeoutError", network_failure=True,

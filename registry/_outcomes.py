@@ -23,10 +23,13 @@ class ToolError(Exception):
 
     error_type: str | None = None
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_s: float | None = None,
+                 answer: ToolAnswer | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+        # What the tool answered with its error (an MCP server's blocks), relayed as is.
+        self.answer = answer
 
 
 class ToolUnavailable(ToolError):

@@ -765,13 +765,16 @@ def _caller(tool_id: str, tool_name: str,
 
         result = await call(tool_id, tool_name, params.model_dump(mode="json"))
         text = "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
-        if result.is_error:
-            raise PermanentToolError(text or f"{tool_id} {tool_name} answered an error")
         value = result.structured_content if result.structured_content is not None else text
-        # Every block as it came (images, audio, resources, links: nothing dropped).
+        # Every block as it came (images, audio, resources, links: nothing dropped), an
+        # error's too.
         content = tuple(c.model_dump(mode="json", by_alias=True, exclude_none=True)
                         for c in result.content)
-        return ToolAnswer(value, content, result.structured_content)
+        answer = ToolAnswer(value, content, result.structured_content)
+        if result.is_error:
+            raise PermanentToolError(text or f"{tool_id} {tool_name} answered an error",
+                                     answer=answer)
+        return answer
 
     invoke.__name__ = f"mcp_{tool_name}"
     return invoke

@@ -68,6 +68,7 @@ def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
 
 def server_pid(daemon: DaemonProcess, module: str) -> int:
     """The pid of the MCP server process the daemon spawned for ``module``."""
+    assert daemon.proc is not None
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue

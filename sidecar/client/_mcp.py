@@ -525,13 +525,14 @@ class Bridge:
             return _problem(status, body)
         failed = body["status"] not in ("success", "partial") and not body.get("queued")
         blocks = body.get("content")
-        if not isinstance(blocks, list) or failed:
+        if not isinstance(blocks, list) or (failed and not direct):
             return _text(body, is_error=failed)
         relayed = [b for b in map(_block, blocks) if b is not None]
-        if direct:
+        if direct:  # the server's own answer, an error's blocks too
             facts = {k: body.get(k) for k in ("status", "capability", "request_id", "queued",
-                                              "warnings", "answered_by", "message")}
-            result: dict[str, Any] = {"content": relayed, "isError": False,
+                                              "warnings", "answered_by", "message",
+                                              "error_type")}
+            result: dict[str, Any] = {"content": relayed, "isError": failed,
                                       "_meta": {"capd": facts}}
             if isinstance(body.get("structured_content"), dict):
                 result["structuredContent"] = body["structured_content"]

@@ -169,6 +169,7 @@ class Gateway:
         # (capability name, id of the grant) -> (the capability, policy and grant it was
         # made for, the chain)
         self._chains: dict[tuple[str, int], tuple[Capability, Policy, Grant, Next]] = {}
+        self._observers: set[asyncio.Task[None]] = set()  # after-hooks of cancelled calls
 
     async def wait_idle(self) -> None:
         """Return when no call is in flight."""
@@ -227,10 +228,19 @@ class Gateway:
         options = (CallOptions(timeout_s, run_disabled)
                    if timeout_s is not None or run_disabled else PLAIN)
         self.in_flight += 1
+        call = Call(cap, model, params, caller, request_id, self._clock(), registry, policy,
+                    options)
         try:
             chain = self._chain(cap, caller.grant, policy)
-            result, running = await chain(Call(cap, model, params, caller, request_id,
-                                               self._clock(), registry, policy, options))
+            result, running = await chain(call)
+        except asyncio.CancelledError:
+            # The caller left (a closed stream, an MCP client's cancellation): the call is
+            # counted and logged as cancelled, nothing is queued, and the cancel goes on.
+            self._record(cap, caller, policy, model, self._finish(
+                call, "error_transient", error_type="cancelled",
+                message=f"{cap.name} was cancelled by its caller before it answered; its "
+                "server was asked to stop it"), request_id)
+            raise
         finally:
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:
@@ -244,11 +254,27 @@ class Gateway:
             result = await self._failure_sink.accept(cap, model, result,
                                                     idempotency_key=idempotency_key,
                                                     running=running)
+        await self._after(cap, caller, policy, model, result)
+        self._record(cap, caller, policy, model, result, request_id)
+        return result
+
+    async def _after(self, cap: Capability, caller: Caller, policy: Policy, model: Any,
+                     result: ToolResult) -> None:
         if policy.after:
             # Observers see every outcome (refusals and queued writes included), each its
             # own deep copy: whatever a hook does to it, the caller's answer is unchanged.
             for hook in policy.after_hooks(cap.name):
                 await policy.run_after(hook, cap, model, caller, _observer_copy(result))
+
+    def _record(self, cap: Capability, caller: Caller, policy: Policy, model: Any,
+                result: ToolResult, request_id: str) -> None:
+        """Count, time and log one outcome (and, for a cancelled call, let the after-hooks
+        see it in a task of their own: the caller's task is being cancelled)."""
+        if result.error_type == "cancelled" and policy.after:
+            task = asyncio.get_running_loop().create_task(
+                self._after(cap, caller, policy, model, result))
+            self._observers.add(task)
+            task.add_done_callback(self._observers.discard)
         self.stats.record(result)
         self._observe(cap.name, result.duration_s)
         log_call({
@@ -256,7 +282,6 @@ class Gateway:
             "duration_s": round(result.duration_s, 6), "caller_pid": caller.pid,
             "caller_uid": caller.uid, "request_id": request_id, "queued": result.queued,
         })
-        return result
 
     async def run(self, call: Call) -> Outcome:
         """``call`` through its capability's chain for the caller's grant."""
@@ -372,9 +397,12 @@ class Gateway:
                 relayed["message"] = outcome.message
             return self._finish(call, outcome.kind, result=value, warnings=warnings,
                                 **relayed), None
+        relayed = ({"content": list(outcome.value.content),
+                    "structured_content": outcome.value.structured}
+                   if isinstance(outcome.value, ToolAnswer) else {})
         return self._finish(call, STATUS_OF[outcome.kind], error_type=outcome.error_type,
                             message=outcome.message, retry_after_s=outcome.retry_after_s,
-                            warnings=warnings), outcome.abandoned
+                            warnings=warnings, **relayed), outcome.abandoned
 
     def _refuse_run_disabled(self, call: Call) -> ToolResult | None:
         """The refusal of running disabled ``call.capability``, or None when it may run.
