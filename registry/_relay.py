@@ -11,13 +11,19 @@ answering the same request id (found near the line's start or its end)::
 
 so the daemon's session neither decodes nor holds an answer it would refuse, and stays
 usable. It exits with the server's status when the server's stdout ends.
+
+It also ends the server with the daemon: on Linux it asks to be sent SIGTERM when its
+parent dies (``PR_SET_PDEATHSIG``), and on SIGTERM kills its whole process group, so a
+daemon killed with SIGKILL leaves no server running on.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -97,6 +103,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: _relay.py --max-bytes N -- COMMAND...\n")
         return 2
     limit = int(argv[1])
+    _die_with_parent()
     server = subprocess.Popen(argv[3:], stdout=subprocess.PIPE)  # stdin, stderr: ours
     assert server.stdout is not None
     copier = threading.Thread(target=relay, args=(server.stdout.fileno(), 1, limit),
@@ -104,6 +111,26 @@ def main(argv: list[str]) -> int:
     copier.start()
     copier.join()
     return server.wait()
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """SIGTERM when the daemon dies, and SIGTERM kills the process group (the server's)."""
+    parent = os.getppid()
+
+    def end_group(_signum: int, _frame: object) -> None:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, end_group)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the server ends when its stdin does
+        return
+    if os.getppid() != parent:  # the daemon died before the request was made
+        end_group(signal.SIGTERM, None)
 
 
 if __name__ == "__main__":

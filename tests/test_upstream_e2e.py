@@ -4,12 +4,14 @@ servers `mcp-server-time` and `mcp-server-git` (installed by the test extra)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -259,6 +261,13 @@ def big(n: int) -> str:
 
 server.run("stdio")
 '''
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _alive(pid: int) -> bool:
@@ -523,3 +532,54 @@ def test_an_answer_over_max_result_bytes_is_refused_and_the_session_stays_usable
     assert "max_result_bytes is 65536" in small.body["message"]
     again = daemon.call("POST", "/call/small_mcp.echo", {"text": "still here"})
     assert again.status == 200, again.body
+
+
+STUBBORN = '''
+import time
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("stubborn")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Answer the text back."""
+    return text
+
+
+@server.tool()
+def block(seconds: float) -> str:
+    """Block a thread for a while: the process outlives the end of its stdin meanwhile."""
+    time.sleep(seconds)
+    return "done"
+
+
+server.run("stdio")
+'''
+
+
+def test_a_daemon_killed_with_sigkill_leaves_no_server_running(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """The relay in front of each stdio server asks to be told of the daemon's death and
+    then ends the server's process group: kill -9 of the daemon leaves no server behind."""
+    daemon = up(stdio_tool(short_tmp, "stubborn_mcp", STUBBORN))
+    assert daemon.call("POST", "/call/stubborn_mcp.echo", {"text": "up"}).status == 200
+    relay = server_pid(daemon, str(short_tmp / "stubborn_mcp.py"))  # the daemon's child
+    [server] = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _parent(int(p.name)) == relay]
+    # a call in flight: a server busy with it outlives the end of its stdin
+    def slow_call() -> None:
+        with contextlib.suppress(Exception):  # the daemon is killed under it
+            daemon.call("POST", "/call/stubborn_mcp.block", {"seconds": 30})
+
+    busy = threading.Thread(target=slow_call, daemon=True)
+    busy.start()
+    daemon.wait_until(lambda: daemon.call("GET", "/status").body["calls"]["in_flight"] == 1)
+    killed = time.monotonic()
+    daemon.kill()  # (it waits for the daemon's stderr, which a living server holds open)
+    while (_alive(server) or _alive(relay)) and time.monotonic() - killed < 10:
+        time.sleep(0.1)
+    assert not _alive(server)
+    assert not _alive(relay)
+    assert time.monotonic() - killed < 10  # not the 30 s its call would have taken
