@@ -321,6 +321,43 @@ class HostRequirements(BaseModel):
 
 
 
+class HostCaps(BaseModel):
+    """What a caller's host must offer for a capability to be of use to it (the caller says
+    what its host has when it searches): an OS, a screen, tokens, a source-control tool."""
+
+    model_config = _FROZEN
+    os: tuple[str, ...] = Field((), description="OS names it runs for (linux, darwin...).")
+    gui: bool = Field(False, description="Whether it needs a graphical session.")
+    tokens: tuple[str, ...] = Field((), description="Credentials it needs (GITHUB_TOKEN...).")
+    scm: tuple[str, ...] = Field((), description="Source-control tools, one of which it "
+                                 "needs (git, hg...).")
+
+    def unmet(self, host: CallerHost) -> str | None:
+        """Why a caller with ``host`` cannot use it; None when it can."""
+        if self.os and host.os is not None and host.os not in self.os:
+            return f"runs on {' or '.join(self.os)}, the caller's host is {host.os}"
+        if self.gui and host.gui is False:
+            return "needs a graphical session, the caller's host has none"
+        missing = [t for t in self.tokens if t not in host.tokens]
+        if missing and host.tokens_known:
+            return f"needs {', '.join(missing)}, which the caller's host lacks"
+        if self.scm and host.scm is not None and not set(self.scm) & set(host.scm):
+            return f"needs {' or '.join(self.scm)}, the caller's host has none of them"
+        return None
+
+
+class CallerHost(BaseModel):
+    """What a caller says its host has (``host_os``, ``host_gui``, ``host_tokens``,
+    ``host_scm`` on search and list); what it leaves out is not judged."""
+
+    model_config = _FROZEN
+    os: str | None = None
+    gui: bool | None = None
+    tokens: frozenset[str] = frozenset()
+    tokens_known: bool = False
+    scm: tuple[str, ...] | None = None
+
+
 _HOT = "capd_hot_path"  # (func is async, parameter names or None): see model_post_init
 
 
@@ -373,6 +410,12 @@ class Capability(BaseModel):
         None, description="For an upstream MCP server's tool: what the server said of it "
         "beyond the schema (title, annotations, outputSchema, _meta), relayed by capd mcp.")
     options: Mapping[str, Any] = Field(default_factory=dict)
+    host_caps: HostCaps | None = Field(
+        None, description="What the caller's host must offer (os, gui, tokens, scm): a "
+        "search or list that says what its host has leaves it out when that falls short.")
+    provides: tuple[str, ...] = Field(
+        (), description="What it makes possible, in a word or two each (the capsule's "
+        "capabilities list): matched by search.")
     injection_only: bool = Field(
         False, description="Added to an agent only by a run-time injection, in the context "
         "that needs it: an agent listing it by name is an error, and its globs and tags "

@@ -119,7 +119,7 @@ def _fields(cap: Capability) -> dict[str, str]:
         "name": cap.name.replace(".", " ").replace("_", " ").replace("-", " "),
         "aliases": " ".join(a.replace(".", " ").replace("_", " ").replace("-", " ")
                             for a in cap.aliases),
-        "tags": " ".join(cap.tags),
+        "tags": " ".join((*cap.tags, *cap.provides)),
         "summary": cap.summary,
         "description": cap.description,
     }

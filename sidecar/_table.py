@@ -100,6 +100,26 @@ class OperatorCommand:
 
 
 FORCE = Option(("--force",), "force", "ignore the per-tool cooldown", is_flag=True)
+HOST = (
+    Option(("--host-os",), "host_os", "the caller's OS (linux, darwin...): leave out what "
+           "does not run there"),
+    Option(("--host-gui",), "host_gui", "whether the caller has a graphical session",
+           choices=("true", "false")),
+    Option(("--host-tokens",), "host_tokens", "the credentials the caller holds "
+           "(comma-separated; an empty value: none)"),
+    Option(("--host-scm",), "host_scm", "the source-control tools the caller has "
+           "(comma-separated)"),
+)
+HOST_ARGS = {
+    "host_os": {"type": "string", "description": "Your host's OS: what does not run there "
+                "is left out."},
+    "host_gui": {"type": "boolean", "description": "Whether your host has a screen."},
+    "host_tokens": {"type": "array", "items": {"type": "string"},
+                    "description": "The credentials your host holds (GITHUB_TOKEN...)."},
+    "host_scm": {"type": "array", "items": {"type": "string"},
+                 "description": "The source-control tools your host has (git...)."},
+}
+HOST_QUERY = {key: key for key in HOST_ARGS}
 SESSIONS_ARE_THE_OPERATORS = ("an agent that could reset loop counts would undo its own "
                               "loop detection; the list shows every caller's sessions")
 AGENT_FORMATS = ("json", "claude", "codex")
@@ -143,6 +163,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             Option(("--tag",), "tag", "only capabilities with this tag"),
             Option(("--limit",), "limit", "at most this many (default 1000)"),
             Option(("--cursor",), "cursor", "next_cursor of the previous page"),
+            *HOST,
         ),
         render="list",
         examples=("capd list", "capd list --state disabled", "capd list --tag notes --json"),
@@ -176,6 +197,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                    choices=("read_only", "writes", "destructive", "external_side_effects")),
             Option(("--explain",), "explain",
                    "say which terms and semantic neighbours matched", is_flag=True),
+            *HOST,
         ),
         render="search",
         examples=("capd search append a line to a note",
@@ -199,9 +221,10 @@ COMMANDS: tuple[OperatorCommand, ...] = (
                                      "description": "Also list disabled ones, with why."},
                 "safety": {"type": "string", "enum": ["read_only", "writes", "destructive",
                                                       "external_side_effects"],
-                           "description": "Only capabilities of this safety class."}}},
+                           "description": "Only capabilities of this safety class."},
+                **HOST_ARGS}},
             query={"query": "q", "k": "k", "tags": "tag", "latency_class": "latency_class",
-                   "include_disabled": "include_disabled", "safety": "safety"},
+                   "include_disabled": "include_disabled", "safety": "safety", **HOST_QUERY},
             brief=("Find capabilities for a task: ids, summaries, live or disabled.",
                    {"type": "object", "required": ["query"], "properties": {
                        "query": {"type": "string", "description": "The task, in words."},

@@ -31,6 +31,7 @@ def capsule(cap: Capability, *, live: bool) -> dict[str, Any]:
         "tags": list(cap.tags),
         "latency_class": cap.latency_class,
         "state": "live" if live else "disabled",
+        **({"provides": list(cap.provides)} if cap.provides else {}),
         **({"channels": list(cap.channels)} if cap.channels else {}),
     }
 

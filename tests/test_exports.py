@@ -38,6 +38,7 @@ REGISTRY = {
     # resources and prompts and their refresh
     "CALL_EVENTS", "CallEvents", "CannotAsk", "current_events", "UnknownOffer",
     "contents_as_json", "refresh_upstream", "undescribed_parameters", "AgentServer",
+    "CallerHost", "HostCaps",
 }
 
 

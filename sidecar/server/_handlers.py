@@ -13,7 +13,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
-from capd.registry import CALL_EVENTS, SAFETY_LEVELS, Capability, UnknownCapability
+from capd.registry import CALL_EVENTS, SAFETY_LEVELS, CallerHost, Capability, UnknownCapability
 
 from .._errors import BadRequest, ExportConflict, Forbidden, InvalidTimeout, UnknownProfile
 from .._table import PROVIDER_FORMATS, command
@@ -223,7 +223,12 @@ async def list_caps(ctx: Context) -> Reply:
     if state not in (None, "live", "disabled"):
         raise BadRequest(f"state must be 'live' or 'disabled', not {state!r}")
     tag = ctx.query.get("tag")
-    seen = _visible(ctx)
+    visible, host = _visible(ctx), _caller_host(ctx)
+    left_out: dict[str, str] = {}
+
+    def seen(cap: Capability) -> bool:
+        return visible(cap) and _runs_for(cap, host, left_out)
+
     items = [capsule(c, live=True) for c in snap.live.values() if seen(c)]
     items += [capsule(e.capability, live=False) for e in snap.disabled.values()
               if seen(e.capability)]
@@ -239,8 +244,40 @@ async def list_caps(ctx: Context) -> Reply:
     limit = _int(ctx, "limit", 1000)
     page = items[offset:offset + limit]
     more = offset + limit < len(items)
-    return Reply(200, {"capabilities": page, "counts": counts,
-                       "next_cursor": str(offset + limit) if more else None})
+    body: dict[str, Any] = {"capabilities": page, "counts": counts,
+                            "next_cursor": str(offset + limit) if more else None}
+    if host is not None:
+        body["not_for_host"] = dict(sorted(left_out.items()))
+    return Reply(200, body)
+
+
+def _caller_host(ctx: Context) -> CallerHost | None:
+    """What the caller says its host has (``host_os``, ``host_gui``, ``host_tokens``,
+    ``host_scm``); None when it says nothing."""
+    query = ctx.query
+    if not any(key in query for key in ("host_os", "host_gui", "host_tokens", "host_scm")):
+        return None
+    gui = query.get("host_gui")
+    if gui not in (None, "", "true", "false"):
+        raise BadRequest("host_gui must be true or false")
+    tokens = query.get("host_tokens")
+    scm = query.get("host_scm")
+    return CallerHost(
+        os=query.get("host_os") or None, gui=None if not gui else gui == "true",
+        tokens=frozenset(t for t in (tokens or "").split(",") if t),
+        tokens_known=tokens is not None,
+        scm=None if scm is None else tuple(s for s in scm.split(",") if s))
+
+
+def _runs_for(cap: Capability, host: CallerHost | None, left_out: dict[str, str]) -> bool:
+    """Whether ``cap`` is of use on the caller's host (noting why not in ``left_out``)."""
+    if host is None or cap.host_caps is None:
+        return True
+    why = cap.host_caps.unmet(host)
+    if why is None:
+        return True
+    left_out[cap.name] = why
+    return False
 
 
 def _visible(ctx: Context) -> Callable[[Capability], bool]:
@@ -287,13 +324,15 @@ async def search(ctx: Context) -> Reply:
     if safety is not None and safety not in SAFETY_LEVELS:
         raise BadRequest(f"safety must be one of {', '.join(SAFETY_LEVELS)}, not {safety!r}")
     live = registry.live_view()
-    seen = _visible(ctx)
+    seen, host = _visible(ctx), _caller_host(ctx)
+    left_out: dict[str, str] = {}
 
     def allowed(name: str) -> bool:
         if not include_disabled and name not in live:
             return False
         cap = registry.get(name)
-        return (safety is None or cap.safety == safety) and seen(cap)
+        return ((safety is None or cap.safety == safety) and seen(cap)
+                and _runs_for(cap, host, left_out))
 
     index = await d.search_index()  # the search stack (numpy...) is imported with it
     ranking = index.rank(
@@ -313,7 +352,11 @@ async def search(ctx: Context) -> Reply:
                                "lexical": hit.explanation.lexical,
                                "semantic": hit.explanation.semantic}
         results.append(item)
-    return Reply(200, {"query": query, "confidence": ranking.confidence, "results": results})
+    body: dict[str, Any] = {"query": query, "confidence": ranking.confidence,
+                            "results": results}
+    if host is not None:  # what the caller's host cannot run, counted apart
+        body["not_for_host"] = len(left_out)
+    return Reply(200, body)
 
 
 async def show(ctx: Context) -> Reply:
