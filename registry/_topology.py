@@ -72,6 +72,12 @@ class TopologyRole(BaseModel):
     # Checked by validate_topology, not here: a count below 1 is a problem to report
     # with the others, not a reason to drop the whole topology.
     count: StrictInt = 1
+    required_evidence: tuple[str, ...] = Field(
+        (), description="Evidence each instance must produce (it counts as produced).")
+    expected_artifacts: tuple[str, ...] = Field(
+        (), description="What each instance hands on (it counts as produced).")
+    fanin_obligations: tuple[str, ...] = Field(
+        (), description="What it owes when it gathers the fanned-out results.")
 
 
 class TopologyGroup(BaseModel):
@@ -90,6 +96,10 @@ class TopologyPhase(BaseModel):
     roles: tuple[str, ...] = ()
     fanout: Fan = False
     fanin: Fan = False
+    required_evidence: tuple[str, ...] = ()
+    coordinator_decision_kinds: tuple[str, ...] = Field(
+        (), description="The decisions the coordinator takes in this phase: each one of the "
+        "topology's coordinator_decisions.")
 
     @property
     def fanout_roles(self) -> tuple[str, ...]:
@@ -118,6 +128,16 @@ class Topology(BaseModel):
     title: str = Field(min_length=1)
     summary: str = ""
     required_evidence: tuple[str, ...] = ()
+    blackboard_topics: tuple[str, ...] = Field(
+        (), description="The shared board's topics the instances read and write.")
+    fanout_strategy: str = Field("", description="How work is split among instances.")
+    fanin_strategy: str = Field("", description="How results are merged (vote, judge...).")
+    coordinator_decisions: tuple[str, ...] = Field(
+        (), description="Every kind of decision the coordinator may take.")
+    candidate_expectations: tuple[str, ...] = Field(
+        (), description="What every candidate answer must satisfy.")
+    verifier_gates: tuple[str, ...] = Field(
+        (), description="Checks a result must pass before it is accepted.")
     roles: tuple[TopologyRole, ...] = ()
     groups: tuple[TopologyGroup, ...] = ()
     phases: tuple[TopologyPhase, ...] = ()
@@ -229,6 +249,18 @@ def validate_topology(topology: Topology, agents: Collection[str]) -> list[str]:
         clashes = [i for i in _instance_ids(role.id, role.count) if i != role.id and i in roles]
         problems += [f"instance {i!r} of role {role.id!r} has the id of another role"
                      for i in clashes]
+    decisions = set(topology.coordinator_decisions)
+    for phase in topology.phases:
+        problems += [f"phase {phase.id!r} takes decision {kind!r}, which is not one of the "
+                     "topology's coordinator_decisions"
+                     + (f" ({', '.join(sorted(decisions))})" if decisions else " (none declared)")
+                     for kind in phase.coordinator_decision_kinds if kind not in decisions]
+    produced = {e for r in topology.roles for e in (*r.required_evidence, *r.expected_artifacts)}
+    wanted = [("the topology", e) for e in topology.required_evidence]
+    wanted += [(f"phase {p.id!r}", e) for p in topology.phases for e in p.required_evidence]
+    problems += [f"{where} requires evidence {evidence!r}, which no role produces (list it in "
+                 "a role's required_evidence or expected_artifacts)"
+                 for where, evidence in wanted if evidence not in produced]
     return problems
 
 

@@ -40,11 +40,13 @@ title = "Reviewer"
 responsibilities = ["review one share", "write findings"]
 agent = "reviewer"
 count = 5
+expected_artifacts = ["every file has a reviewer's note"]
 
 [[topology.roles]]
 id = "lead"
 title = "Lead"
 agent = "writer"
+required_evidence = ["the lead's summary"]
 
 [[topology.groups]]
 id = "readers"
@@ -284,3 +286,47 @@ def test_a_declarations_path_that_is_gone_is_an_error_not_a_crash(tmp_path: Path
     found = load_topologies([tmp_path / "gone"], label_root=tmp_path)
     assert found.topologies == {}
     assert "does not exist" in str(found.errors[0])
+
+
+SEEDED = """
+[[topology]]
+id = "panel"
+title = "Panel"
+coordinator_decisions = ["pick"]
+required_evidence = ["scores", "a verdict"]
+blackboard_topics = ["scores"]
+fanout_strategy = "all answer"
+fanin_strategy = "majority"
+candidate_expectations = ["cites a source"]
+verifier_gates = ["two judges agree"]
+
+[[topology.roles]]
+id = "judge"
+agent = "reviewer"
+count = 3
+expected_artifacts = ["scores"]
+fanin_obligations = ["score every candidate"]
+
+[[topology.phases]]
+id = "judge"
+roles = ["judge"]
+fanin = true
+required_evidence = ["scores"]
+coordinator_decision_kinds = ["pick", "rerun"]
+"""
+
+
+def test_the_seed_fields_load_and_are_checked(tmp_path: Path) -> None:
+    """Every field of the seed's topology schema loads; a phase's decision kind must be one
+    of the topology's coordinator_decisions, and every required evidence needs a role that
+    produces it."""
+    topology = load(tmp_path, SEEDED).get("panel")
+    assert topology.fanin_strategy == "majority"
+    assert topology.verifier_gates == ("two judges agree",)
+    assert topology.roles[0].fanin_obligations == ("score every candidate",)
+    assert topology.phases[0].coordinator_decision_kinds == ("pick", "rerun")
+    assert validate_topology(topology, AGENTS) == [
+        "phase 'judge' takes decision 'rerun', which is not one of the topology's "
+        "coordinator_decisions (pick)",
+        "the topology requires evidence 'a verdict', which no role produces (list it in a "
+        "role's required_evidence or expected_artifacts)"]

@@ -246,9 +246,13 @@ async def topology_expand(ctx: Context) -> Reply:
     resolved = {agent: _resolve(ctx, agent, context, agents)
                 for agent in dict.fromkeys(i.agent for i in expansion.instances)}
     roles = {r.id: r for r in topology.roles}
+    seed = topology.model_dump(mode="json", include={
+        "required_evidence", "blackboard_topics", "fanout_strategy", "fanin_strategy",
+        "coordinator_decisions", "candidate_expectations", "verifier_gates"})
+    phases = {p.id: p for p in topology.phases}
     return Reply(200, {
         "topology": topology.id, "title": topology.title, "summary": topology.summary,
-        "required_evidence": list(topology.required_evidence), "source": topology.source,
+        **seed, "source": topology.source,
         "context": context,
         "counts": {r.id: r.count for r in topology.roles},
         "roles": [{"id": r.id, "title": r.title, "agent": r.agent, "count": r.count,
@@ -256,12 +260,17 @@ async def topology_expand(ctx: Context) -> Reply:
         "instances": [{"id": i.id, "role": i.role, "index": i.index, "agent": i.agent,
                        "title": roles[i.role].title,
                        "responsibilities": list(roles[i.role].responsibilities),
+                       "required_evidence": list(roles[i.role].required_evidence),
+                       "expected_artifacts": list(roles[i.role].expected_artifacts),
+                       "fanin_obligations": list(roles[i.role].fanin_obligations),
                        "capabilities": list(resolved[i.agent].capabilities),
                        "servers": dict(resolved[i.agent].servers)}
                       for i in expansion.instances],
         "groups": {g: list(members) for g, members in expansion.groups.items()},
         "phases": [{"id": p.id, "roles": list(p.roles), "instances": list(p.instances),
-                    "fanout": list(p.fanout), "fanin": list(p.fanin)}
+                    "fanout": list(p.fanout), "fanin": list(p.fanin),
+                    "required_evidence": list(phases[p.id].required_evidence),
+                    "coordinator_decision_kinds": list(phases[p.id].coordinator_decision_kinds)}
                    for p in expansion.phases],
         "agents": {agent: r.as_json() for agent, r in resolved.items()},
     })
