@@ -111,6 +111,9 @@ class Upstream:
         # What the server offers beside tools (read at the handshake, again once stale).
         self.offers: dict[str, list[Any]] = {"resources": [], "templates": [], "prompts": []}
         self._offers_stale = False
+        # The last handshake failed: the capabilities were made without this server's list,
+        # so the next one that succeeds says the list changed (they are made again).
+        self._handshake_failed = False
 
     @property
     def connected(self) -> bool:
@@ -131,16 +134,24 @@ class Upstream:
             self._stop = asyncio.Event()
             self._task = loop.create_task(self._hold(ready, self._stop),
                                           name=f"capd-upstream-{self.tool_id}")
+            # the handshake's outcome is read here, or dropped here: never left unread
+            ready.add_done_callback(lambda f: f.cancelled() or f.exception())
             try:
                 async with asyncio.timeout(self.spec.timeout_s):
                     self.tools = await asyncio.shield(ready)
             except TimeoutError:
+                self._handshake_failed = True
                 await self._drop()
                 raise UpstreamError(
                     f"no MCP handshake within {self.spec.timeout_s:g}s") from None
             except BaseException:
+                self._handshake_failed = True
                 await self._drop()
                 raise
+            if self._handshake_failed:
+                self._handshake_failed = False
+                log.info("upstream_late", tool=self.tool_id, tools=len(self.tools))
+                self._on_tools_changed(self.tool_id)
             return self.tools
 
     async def probe(self) -> None:

@@ -583,3 +583,41 @@ def test_a_daemon_killed_with_sigkill_leaves_no_server_running(
     assert not _alive(server)
     assert not _alive(relay)
     assert time.monotonic() - killed < 10  # not the 30 s its call would have taken
+
+
+LATE = '''
+import sys
+import time
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+
+first = Path(sys.argv[1])
+if not first.exists():  # slow to start the first time only
+    first.write_text("started")
+    time.sleep(8)
+
+server = MCPServer("late")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Answer the text back."""
+    return text
+
+
+server.run("stdio")
+'''
+
+
+def test_a_server_that_misses_its_first_handshake_gets_its_capabilities_when_it_answers(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """A server slower than its handshake timeout at start has no capabilities; once a
+    later handshake succeeds its tools become capabilities, with no reload."""
+    daemon = up(stdio_tool(short_tmp, "late_mcp", LATE, str(short_tmp / "late.marker"),
+                           timeout_s=4))
+    assert "late_mcp.echo" not in caps(daemon)  # its first handshake took too long
+    daemon.wait_until(lambda: "late_mcp.echo" in caps(daemon), timeout=40)
+    answer = daemon.call("POST", "/call/late_mcp.echo", {"text": "finally"})
+    assert answer.status == 200, answer.body
+    assert daemon.call("GET", "/status").body["reload"]["count"] == 0

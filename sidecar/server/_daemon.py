@@ -171,6 +171,8 @@ class Daemon:
         that ran meanwhile leaves the refresh to be made on what it built; a name that
         clashes with another capability's takes a full reload (which reports it)."""
         await asyncio.sleep(LIST_CHANGED_SETTLE_S)
+        while self.state == "starting":  # noqa: ASYNC110 (the start-up registry is not in place)
+            await asyncio.sleep(0.1)
         self._tools_changed.discard(tool)  # a change announced from now on is a new burst
         for _ in range(3):
             if self.reloader.running:
