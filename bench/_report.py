@@ -30,7 +30,7 @@ from bench._harness import machine
 from bench._loadgen import KIND
 
 PACKAGES = ("aiohttp", "uvicorn", "granian", "uvloop", "httptools", "huey", "persist-queue",
-            "litequeue", "aiosqlite")
+            "litequeue", "aiosqlite", "mcp", "fastmcp")
 
 
 def number(value: float) -> str:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Run every bench once, with modest durations (5-7 minutes on 2 cores), and write
+# Run every bench once, with modest durations (8-10 minutes on 2 cores), and write
 # bench/RESULTS.md: one table of every figure, the machine and the date, then what
 # each bench printed. A bench that fails is listed there; the others still run.
 #
 #   bench/run_all.sh            # uses .venv/bin/python if present, else python3
 #   PYTHON=/path/to/python bench/run_all.sh
 #
-# The peers come from the `bench` extra: pip install -e '.[bench]'. A peer that is
-# not installed is skipped and named in the output.
+# The peers come from the `bench` extra: pip install -e '.[bench]', and mcp-hub from
+# npm: npm ci --prefix bench/npm. A peer that is not installed is skipped and named
+# in the output.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -60,6 +61,7 @@ run peers 240 bench/peers.py --seconds 2 --rounds 3 --results "$results"
 run dispatch 180 bench/dispatch.py --seconds 2 --rounds 3 --results "$results"
 run mcp_bridge 120 bench/mcp_bridge.py --rounds 5 --results "$results"
 run mcp_large 180 bench/mcp_large.py --rounds 2 --results "$results"
+run mcp_peers 360 bench/mcp_peers.py --rounds 5 --calls 190 --starts 3 --results "$results"
 run queue 240 bench/queue.py --jobs 1024 --rounds 3 --results "$results"
 run build 120 bench/build.py --repeat 3 --results "$results"
 run startup 120 bench/startup.py --rounds 5 --results "$results"
