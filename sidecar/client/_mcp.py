@@ -208,10 +208,23 @@ def _request_of(row: OperatorCommand, spec: McpTool, arguments: dict[str, Any]
     return path, query
 
 
+def _terse(value: Any) -> str:
+    """``value`` as the model reads it: compact JSON, without the keys that say nothing
+    (null, empty lists and objects) — the structured content keeps every key."""
+    def bare(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: bare(v) for k, v in node.items() if v not in (None, [], {})}
+        if isinstance(node, list):
+            return [bare(v) for v in node]
+        return node
+
+    return json.dumps(bare(value), separators=(",", ":"), ensure_ascii=False)
+
+
 def _text(value: Any, *, is_error: bool) -> dict[str, Any]:
     """A tools/call result holding ``value`` as text (and as structured content when it
     is an object)."""
-    text = value if isinstance(value, str) else json.dumps(value, indent=1)
+    text = value if isinstance(value, str) else _terse(value)
     result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
     if isinstance(value, dict):
         result["structuredContent"] = value
@@ -538,7 +551,7 @@ class Bridge:
                 result["structuredContent"] = body["structured_content"]
             return result
         readable = {**body, "content": [_without_data(b) for b in blocks]}
-        return {"content": [{"type": "text", "text": json.dumps(readable, indent=1)},
+        return {"content": [{"type": "text", "text": _terse(readable)},
                             *(b for b in relayed if b["type"] != "text")],
                 "structuredContent": body, "isError": False}
 
