@@ -25,7 +25,7 @@ from capd.sidecar.client._client import Response
 
 from .daemon import DaemonProcess, daemons_on
 from .test_mcp import bridge
-from .test_mcp_fidelity_e2e import stream_call
+from .test_mcp_fidelity_e2e import stream_call, write_config
 
 PY = sys.executable
 NPM = Path(__file__).resolve().parent / "npm"
@@ -79,19 +79,6 @@ def npm_tool(tool: str, package: str, *args: str, env: dict[str, str] | None = N
         pairs = ", ".join(f"{key} = {json.dumps(value)}" for key, value in env.items())
         lines.append(f"env = {{ {pairs} }}")
     return "\n" + "\n".join(lines) + "\n"
-
-
-def write_config(folder: Path, extra: str = "") -> Path:
-    config = folder / "capd.toml"
-    config.write_text("""
-entry_points = false
-state_dir = "state"
-recheck_cooldown_s = 0
-recheck_interval_s = 0.5
-probe_live_interval_s = 1
-retry_base_s = 0.2
-""" + extra)
-    return config
 
 
 @pytest.fixture

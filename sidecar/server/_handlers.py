@@ -75,14 +75,11 @@ def _call_timeout(ctx: Context) -> float | None:
     The gateway checks the range against the capability; a value that is no
     number is refused here, naming the same limit (which needs the capability).
     """
-    raw = ctx.headers.get("capd-timeout")
-    if raw is None:
-        return None
     try:
-        return float(raw)
-    except ValueError:
+        return _timeout_header(ctx)
+    except BadRequest:
         cap = resolve(ctx.services.registry, ctx.path["name"], ctx.caller.grant)
-        raise InvalidTimeout(cap.name, raw, cap.timeout_s) from None
+        raise InvalidTimeout(cap.name, ctx.headers["capd-timeout"], cap.timeout_s) from None
 
 
 async def health(ctx: Context) -> Reply:

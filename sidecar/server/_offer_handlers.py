@@ -10,6 +10,7 @@ inside the grant when a template of that server whose fixed start begins the uri
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, NamedTuple
 
 from capd.registry import (
@@ -72,16 +73,7 @@ async def resource_read(ctx: Context) -> Reply:
                                           await ctx.services.upstreams.offered("resources"),
                                           await ctx.services.upstreams.offered("templates")):
         raise _hidden(f"resource {uri!r}")
-    try:
-        result = await upstream.read_resource(own)
-    except (ToolUnavailable, UnknownOffer):
-        raise
-    except TimeoutError:
-        raise UpstreamFailed(f"{upstream.tool_id} did not answer resources/read of {own!r} "
-                             f"within {upstream.spec.call_timeout_s:g}s") from None
-    except Exception as exc:
-        raise UpstreamFailed(f"{upstream.tool_id} refused resources/read of {own!r}: "
-                             f"{_said(exc)}") from exc
+    result = await _asked(upstream, "resources/read", own, upstream.read_resource(own))
     prefix = uri.removeprefix("capd://").partition("/")[0]
     return Reply(200, contents_as_json(prefix, result))
 
@@ -110,18 +102,24 @@ async def prompt_get(ctx: Context) -> Reply:
     upstream, own = ctx.services.upstreams.prompt_server(name)
     if not _inside(ctx.caller.grant, upstream, name):
         raise _hidden(f"prompt {name!r}")
+    result = await _asked(upstream, "prompts/get", own, upstream.get_prompt(own, arguments))
+    data: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return Reply(200, data)
+
+
+async def _asked(upstream: Upstream, method: str, what: str, answer: Awaitable[Any]) -> Any:
+    """The server's answer to ``method`` of ``what``; its refusal or silence an
+    :class:`UpstreamFailed` saying which (a lost server stays ``ToolUnavailable``)."""
     try:
-        result = await upstream.get_prompt(own, arguments)
+        return await answer
     except (ToolUnavailable, UnknownOffer):
         raise
     except TimeoutError:
-        raise UpstreamFailed(f"{upstream.tool_id} did not answer prompts/get of {own!r} "
+        raise UpstreamFailed(f"{upstream.tool_id} did not answer {method} of {what!r} "
                              f"within {upstream.spec.call_timeout_s:g}s") from None
     except Exception as exc:
-        raise UpstreamFailed(f"{upstream.tool_id} refused prompts/get of {own!r}: "
+        raise UpstreamFailed(f"{upstream.tool_id} refused {method} of {what!r}: "
                              f"{_said(exc)}") from exc
-    data: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return Reply(200, data)
 
 
 def _said(exc: Exception) -> str:
