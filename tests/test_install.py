@@ -20,6 +20,14 @@ from .daemon import DaemonProcess
 pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 
 CAPD = [sys.executable, "-m", "capd"]
+PROGRAM = Path(sys.executable).parent / "capd"  # the capd this interpreter's venv runs
+
+
+def installed(text: str) -> str:
+    """A packaged unit as install-units writes it: naming the capd that wrote it."""
+    for packaged in ("/usr/local/bin/capd", "%h/.local/bin/capd"):
+        text = text.replace(packaged, str(PROGRAM))
+    return text
 UNITS = ROOT / "systemd"
 
 
@@ -98,7 +106,7 @@ def test_install_units_print_shows_the_system_units_and_where_they_go() -> None:
     done = run("install-units", "--print")
     assert (done.returncode, done.stderr) == (0, "")
     expected = "\n".join([
-        f"# /etc/systemd/system/capd.service\n{(UNITS / 'capd.service').read_text()}",
+        f"# /etc/systemd/system/capd.service\n{installed((UNITS / 'capd.service').read_text())}",
         f"# /etc/systemd/system/capd.socket\n{(UNITS / 'capd.socket').read_text()}",
         f"# /etc/sysusers.d/capd.conf\n{(UNITS / 'capd.sysusers.conf').read_text()}",
     ])
@@ -111,7 +119,7 @@ def test_install_units_user_writes_into_the_user_unit_folder(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     folder = tmp_path / "systemd" / "user"
     for name in ("capd.service", "capd.socket"):
-        assert (folder / name).read_bytes() == (UNITS / "user" / name).read_bytes()
+        assert (folder / name).read_text() == installed((UNITS / "user" / name).read_text())
         assert (folder / name).stat().st_mode & 0o777 == 0o644
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
@@ -130,7 +138,8 @@ def test_install_units_dest_writes_every_file_there_and_replaces_old_ones(tmp_pa
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["capd.conf", "capd.service",
                                                       "capd.socket"]
-    assert (dest / "capd.service").read_bytes() == (UNITS / "capd.service").read_bytes()
+    assert (dest / "capd.service").read_text() == installed((UNITS / "capd.service").read_text())
+    assert f"ExecStart={PROGRAM} serve" in (dest / "capd.service").read_text()
     assert (dest / "capd.conf").read_bytes() == (UNITS / "capd.sysusers.conf").read_bytes()
     assert "next:" not in done.stderr
 
@@ -143,9 +152,26 @@ def test_install_units_launchd_fills_in_the_home_folder(tmp_path: Path) -> None:
     text = (tmp_path / "dev.capd.capd.plist").read_text()
     assert "/Users/USERNAME" not in text
     agent = plistlib.loads(text.encode())
-    assert agent["ProgramArguments"][0] == "/Users/alice/.local/bin/capd"
+    assert agent["ProgramArguments"][0] == str(PROGRAM)  # the capd that wrote it
     assert agent["EnvironmentVariables"]["CAPD_STATE_DIR"] == (
         "/Users/alice/Library/Application Support/capd")
+
+
+def test_install_units_refuses_a_capd_the_service_user_cannot_run(tmp_path: Path) -> None:
+    """A system install from a capd behind a private folder (a venv in /root, say): exit 1,
+    saying which folder and how to install capd where the service user can run it."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    venv_bin = private / "bin"
+    venv_bin.mkdir()
+    (venv_bin / "capd").symlink_to(PROGRAM)
+    (venv_bin / "python").symlink_to(sys.executable)
+    done = subprocess.run([str(venv_bin / "python"), "-m", "capd", "install-units"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert f"cannot run {venv_bin / 'capd'}" in done.stderr
+    assert str(private) in done.stderr
+    assert "/opt/capd/bin/capd install-units" in done.stderr
 
 
 def test_install_units_that_cannot_write_exits_1_with_a_sentence(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ units the README describes. Three sets:
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from importlib.resources import files
@@ -47,8 +48,38 @@ def _config_home() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
 
 
-def unit_set(*, user: bool, launchd: bool, dest: Path | None) -> UnitSet:
-    """The files for a system, ``user`` or ``launchd`` install, under ``dest`` when given.
+PACKAGED_PROGRAMS = ("/usr/local/bin/capd", "%h/.local/bin/capd",
+                     "/Users/USERNAME/.local/bin/capd")
+"""Where the packaged units expect the capd program; :func:`unit_set` puts the real one."""
+
+
+def running_capd() -> Path | None:
+    """The ``capd`` program this process runs as: the script beside the interpreter (a
+    venv's ``bin/capd``), else the one on the command line; None when neither is one."""
+    beside = Path(sys.executable).parent / "capd"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    named = Path(sys.argv[0])
+    return named.resolve() if named.name == "capd" and named.is_file() else None
+
+
+def unusable_by_others(program: Path) -> Path | None:
+    """The first part of ``program``'s path another user cannot pass or run (a private
+    home, a 0700 venv), or None when any user may run it."""
+    for part in (*reversed(program.parents), program):
+        try:
+            mode = part.stat().st_mode
+        except OSError:
+            return part
+        if not mode & 0o001:
+            return part
+    return None
+
+
+def unit_set(*, user: bool, launchd: bool, dest: Path | None,
+             program: Path | None = None) -> UnitSet:
+    """The files for a system, ``user`` or ``launchd`` install, under ``dest`` when given,
+    each naming ``program`` as the capd to run (the packaged path when None).
 
     Raises :class:`FileNotFoundError` when the package lacks its ``systemd/`` data.
     """
@@ -56,7 +87,8 @@ def unit_set(*, user: bool, launchd: bool, dest: Path | None) -> UnitSet:
     if launchd:
         home = str(Path.home())
         agents = Path.home() / "Library" / "LaunchAgents"
-        plist = _packaged("dev.capd.capd.plist").replace("/Users/USERNAME", home)
+        plist = _with_program(_packaged("dev.capd.capd.plist"), program).replace(
+            "/Users/USERNAME", home)
         target = (dest or agents) / "dev.capd.capd.plist"
         return UnitSet((UnitFile(target, plist),),
                        f"launchctl bootstrap gui/$(id -u) {target}")
@@ -73,9 +105,18 @@ def unit_set(*, user: bool, launchd: bool, dest: Path | None) -> UnitSet:
                    ("capd.sysusers.conf", Path("/etc/sysusers.d/capd.conf"))]
         step = ("systemd-sysusers && systemctl daemon-reload && "
                 "systemctl enable --now capd.socket capd.service")
-    unit_files = tuple(UnitFile(dest / target.name if dest else target, _packaged(source))
+    unit_files = tuple(UnitFile(dest / target.name if dest else target,
+                                _with_program(_packaged(source), program))
                        for source, target in sources)
     return UnitSet(unit_files, step)
+
+
+def _with_program(text: str, program: Path | None) -> str:
+    if program is None:
+        return text
+    for packaged in PACKAGED_PROGRAMS:
+        text = text.replace(packaged, str(program))
+    return text
 
 
 def render_units(units: UnitSet) -> str:

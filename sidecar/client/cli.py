@@ -259,10 +259,22 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 def cmd_install_units(args: argparse.Namespace) -> int:
     """Print the packaged service files, or write them where the service manager reads them."""
-    from ._units import render_units, unit_set, write_units
+    from ._units import render_units, running_capd, unit_set, unusable_by_others, write_units
 
     dest = Path(args.dest) if args.dest else None
-    units = unit_set(user=args.user, launchd=args.launchd, dest=dest)
+    program = running_capd()
+    if program is None:
+        raise UsageError("cannot tell which capd program this is (run the capd script, not "
+                         "python -m capd, so the units can name it)")
+    system = not (args.user or args.launchd)
+    blocked = unusable_by_others(program) if system and not args.print and not dest else None
+    if blocked is not None:
+        echo(f"capd: the service user cannot run {program}: {blocked} is closed to other "
+             "users. Install capd where every user can run it (python3 -m venv /opt/capd && "
+             "/opt/capd/bin/pip install capd), then run /opt/capd/bin/capd install-units",
+             err=True)
+        return EXIT_FAILED
+    units = unit_set(user=args.user, launchd=args.launchd, dest=dest, program=program)
     if args.print:
         echo(Document(render_units(units)), end="")
         return EXIT_OK
