@@ -326,3 +326,17 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(short_tmp: Path) -
     assert daemon.stderr == ""
     assert not any(e.get("event") == "ready" for e in daemon.events)
     assert not (short_tmp / "capd.sock").exists()
+
+
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["lst"], "(did you mean list?)"),
+    (["list", "--jsn"], "(did you mean --json"),
+    (["queue", "lst"], "(did you mean list"),
+])
+def test_a_misspelt_command_or_flag_gets_a_did_you_mean_and_exit_2(
+        argv: list[str], hint: str) -> None:
+    """A misspelt command or flag is a usage error (exit 2) that names the close match."""
+    done = subprocess.run([sys.executable, "-m", "capd", *argv], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert hint in done.stderr, done.stderr

@@ -27,7 +27,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote, urlencode
 
 from capd.registry import CapdError, ConfigError
@@ -459,9 +459,52 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         parser.set_defaults(handler=lambda a, row=row: run_table_command(row, a), row=row.id)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a "did you mean" for a misspelt command or flag (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = _did_you_mean(self, message)
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+def _every_flag(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and of its subcommands."""
+    flags = {f for f in parser._option_string_actions if f.startswith("--")}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                flags |= _every_flag(child)
+    return flags
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    import difflib
+
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice is not None:
+        options = re.findall(r"'([^']*)'", choice.group(2)) or [
+            c.strip() for c in choice.group(2).split(",")]
+        close = difflib.get_close_matches(choice.group(1), options, n=3, cutoff=0.5)
+        return f" (did you mean {' or '.join(close)}?)" if close else ""
+    unknown = re.search(r"unrecognized arguments: (\S+)", message)
+    if unknown is not None and unknown.group(1).startswith("-"):
+        close = difflib.get_close_matches(unknown.group(1), sorted(_every_flag(_root(parser))),
+                                          n=3, cutoff=0.6)
+        return f" (did you mean {' or '.join(close)}?)" if close else ""
+    return ""
+
+
+_ROOT: list[argparse.ArgumentParser] = []
+
+
+def _root(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    return _ROOT[0] if _ROOT else parser
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of every ``capd`` subcommand."""
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="capd", description="capd: a capability sidecar.",
         epilog="`capd COMMAND --help` shows a command's options and examples.")
     parser.add_argument("--version", action="version", version=f"capd {capd_version()}")
@@ -527,6 +570,7 @@ def make_parser() -> argparse.ArgumentParser:
     units.set_defaults(handler=cmd_install_units)
 
     _add_table_commands(sub)
+    _ROOT[:] = [parser]
     return parser
 
 
