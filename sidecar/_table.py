@@ -280,6 +280,9 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             Option(("--output-dir",), "output_dir", "write the image, audio and binary "
                    "blocks an MCP server answered into this folder (never onto the terminal)",
                    target="local"),
+            Option(("--wait",), "wait_s", "when the write is queued, wait up to this many "
+                   "seconds for its job and exit as it ends (0 done, 1 dead or parked, 75 "
+                   "still pending)", target="local"),
         ),
         examples=(
             'capd call notes.append -p note=welcome -p "line=hello from capd"   # key=value: text',
@@ -289,6 +292,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             "capd call notes.search -p query=capd --timeout 2.5   # a shorter timeout",
             "capd call notes.search -p query=capd --run-disabled   # even while disabled",
             "capd call paint_mcp.paint -p title=cat --output-dir out/   # save its images",
+            "capd call notes.append -p note=a -p line=b --wait 60   # exit 75 while queued",
         ),
         mcp=McpTool(
             "invoke_capability",

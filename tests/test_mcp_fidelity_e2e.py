@@ -437,6 +437,19 @@ def test_a_write_past_its_timeout_is_cancelled_queued_and_lands_once(
     assert lines.count("cancelled k2") == 1, lines
     assert lines.count("wrote k2") == 1, lines
 
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PY, "-m", "capd", "call", "full.slow_write", *args, "--socket",
+                               str(daemon.socket)], capture_output=True, text=True,
+                              timeout=90, check=False)
+
+    queued = cli("-p", "key=k3", "-p", "seconds:=3")  # a queued write is not done: 75
+    assert queued.returncode == 75, queued.stderr
+    assert "queued as job" in queued.stderr
+    waited = cli("-p", "key=k4", "-p", "seconds:=3", "--wait", "30")  # waits for its job
+    assert waited.returncode == 0, waited.stderr
+    assert "is done" in waited.stderr
+    assert marks.read_text().splitlines().count("wrote k4") == 1
+
 
 HTTP_BIG = '''
 import sys

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # the bridge's module loads the MCP SDK: only `capd mcp` need
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_QUEUED = 75  # EX_TEMPFAIL: a write was queued, not done (yet)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program stopped by Ctrl-C
 EXIT_PIPE = 141         # 128 + SIGPIPE, as a shell reports `yes | head -1`
 
@@ -367,7 +368,42 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
                      for c in response.body.get("contents", []) if isinstance(c, dict)]
             _save_blocks({"content": blobs, "request_id": "resource"},
                          getattr(args, "output_dir", None))
+    if row.id == "call" and isinstance(response.body, dict) and response.body.get("queued"):
+        return _queued(args, str(response.body["queued"]))
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _queued(args: argparse.Namespace, job: str) -> int:
+    """A call whose write was queued: 75 with the job id, or, with ``--wait``, the job's end."""
+    import time
+
+    wait = getattr(args, "wait_s", None)
+    if wait is None:
+        echo(f"capd: queued as job {job}; capd queue show {job} follows it (exit 75)", err=True)
+        return EXIT_QUEUED
+    try:
+        deadline = time.monotonic() + float(wait)
+    except ValueError:
+        raise UsageError(f"--wait {wait!r}: give a number of seconds") from None
+    socket_path = _socket_path(args.socket)
+    while True:
+        answer = request(socket_path, "GET", f"/queue/{quote(job, safe='')}")
+        if answer.status != 200 or not isinstance(answer.body, dict):
+            echo(f"capd: queued as job {job}; it cannot be followed from here "
+                 f"({describe_failure('queue show', answer.body)})", err=True)
+            return EXIT_QUEUED
+        state = answer.body.get("state")
+        if state == "done":
+            echo(f"capd: job {job} is done", err=True)
+            return EXIT_OK
+        if state in ("dead", "needs_operator", "cancelled", "partial"):
+            echo(f"capd: job {job} ended {state}: {answer.body.get('last_error') or ''}",
+                 err=True)
+            return EXIT_FAILED
+        if time.monotonic() >= deadline:
+            echo(f"capd: job {job} is still {state} after {wait} s", err=True)
+            return EXIT_QUEUED
+        time.sleep(0.25)
 
 
 _SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif",
