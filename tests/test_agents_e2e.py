@@ -223,17 +223,26 @@ async def test_the_resolved_bridge_offers_exactly_the_agents_capabilities(
 
 
 def test_allow_naming_an_unknown_capability_stops_the_bridge(daemon: DaemonProcess) -> None:
-    """`capd mcp --allow` checks every name against the daemon at start, like a profile."""
+    """`capd mcp --allow` checks every name against the daemon at start, like a profile; a
+    bridge that cannot start says why on stderr and as the answer to the client's
+    initialize (an MCP client shows that, not only "connection closed")."""
+    initialize = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}) + "\n"
     done = subprocess.run([sys.executable, "-m", "capd", "mcp", "--socket", str(daemon.socket),
-                           "--allow", "e2e.echo,e2e.nope"], input="", capture_output=True,
-                          text=True, timeout=60, check=False)
+                           "--allow", "e2e.echo,e2e.nope"], input=initialize,
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert "unknown capability 'e2e.nope'" in done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["id"] == 1
+    assert "unknown capability 'e2e.nope'" in answer["error"]["message"]
     both = subprocess.run([sys.executable, "-m", "capd", "mcp", "--allow", "e2e.echo",
-                           "--profile", "p.toml"], capture_output=True, text=True, timeout=60,
-                          check=False)
+                           "--profile", "p.toml"], input=initialize, capture_output=True,
+                          text=True, timeout=60, check=False)
     assert both.returncode == 2
     assert "pass one of them" in both.stderr
+    assert "pass one of them" in json.loads(both.stdout)["error"]["message"]
 
 
 # ---------------------------------------------------------------------- topologies

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import sys
 from typing import Any
 
@@ -269,8 +270,8 @@ async def _stdin_lines() -> asyncio.Queue[bytes | None]:
     """stdin's lines: read by the loop from a pipe or socket, else by a thread."""
     loop = asyncio.get_running_loop()
     protocol = _Lines()
-    try:
-        await loop.connect_read_pipe(lambda: protocol, sys.stdin)
+    try:  # a copy of the descriptor: the transport closes its own, never sys.stdin's
+        await loop.connect_read_pipe(lambda: protocol, os.fdopen(os.dup(0), "rb", buffering=0))
     except (ValueError, OSError):  # a file or a terminal: a thread reads it
         async def pump() -> None:
             while line := await asyncio.to_thread(sys.stdin.buffer.readline):
@@ -284,8 +285,9 @@ async def _stdin_lines() -> asyncio.Queue[bytes | None]:
 async def _stdout_writer() -> Any:
     """A function writing bytes to stdout: the loop's pipe transport, else plain writes."""
     loop = asyncio.get_running_loop()
-    try:
-        transport, _protocol = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
+    try:  # a copy of the descriptor, as for stdin
+        transport, _protocol = await loop.connect_write_pipe(
+            asyncio.Protocol, os.fdopen(os.dup(1), "wb", buffering=0))
     except (ValueError, OSError):
         def write(data: bytes) -> None:
             sys.stdout.buffer.write(data)
@@ -293,6 +295,22 @@ async def _stdout_writer() -> Any:
 
         return write
     return transport.write
+
+
+async def refuse(reason: str) -> None:
+    """A bridge that cannot start: answer each request (``initialize`` first) with an error
+    saying why, until the client goes away — so the client shows the reason, not only
+    "connection closed"."""
+    lines, write = await _stdin_lines(), await _stdout_writer()
+    while (line := await lines.get()) is not None:
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(message, dict) and message.get("id") is not None and \
+                message.get("method") is not None:
+            write(orjson.dumps({"jsonrpc": "2.0", "id": message["id"], "error": {
+                "code": INVALID_REQUEST, "message": reason}}) + b"\n")
 
 
 async def serve(bridge: Bridge) -> None:

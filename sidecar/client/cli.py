@@ -189,9 +189,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     # The bridge is a relay: it loads neither the SDK nor structlog (nothing of its own
     # writes a log line; stdout is the MCP channel).
     from ._mcp import Bridge, DaemonLink, grant_header
-    from ._mcp_stdio import serve
+    from ._mcp_stdio import refuse, serve
 
-    profile = _bridge_profile(args)
+    try:
+        profile = _bridge_profile(args)
+    except (UsageError, ConfigError) as exc:
+        # An MCP client shows only "connection closed" for a bridge that exits: say why on
+        # stderr and as the answer to its initialize, then end.
+        echo(f"capd mcp: {exc}", err=True)
+        asyncio.run(refuse(f"capd mcp cannot start: {exc}"))
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
     if args.expose == "meta" and args.tag:
         raise UsageError("--tag chooses what --expose direct exposes; add --expose direct")
     channel = getattr(args, "channel", None)
@@ -203,15 +210,19 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                     direct_tags=frozenset(args.tag or ()) if args.expose == "direct" else None,
                     tool_set=args.tools)
 
-    async def main() -> None:
+    async def main() -> int:
         try:
             await bridge.validate_profile()
         except DaemonDown as exc:
             echo(f"capd mcp: {exc} The profile is checked when the daemon answers.", err=True)
+        except ConfigError as exc:  # a name the daemon does not know: said to the client too
+            echo(f"capd mcp: {exc}", err=True)
+            await refuse(f"capd mcp cannot start: {exc}")
+            return EXIT_FAILED
         await serve(bridge)
+        return EXIT_OK
 
-    asyncio.run(main())
-    return EXIT_OK
+    return asyncio.run(main())
 
 
 def _bridge_profile(args: argparse.Namespace) -> Profile | None:
