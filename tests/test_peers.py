@@ -193,3 +193,16 @@ def test_an_agent_grant_spends_its_own_bucket() -> None:
     agent = Caller(uid=0, grant=Grant().narrowed(Narrowing(frozenset({"a.b"}))))
     assert [limiter.take(agent) for _ in range(3)][-1] is not None
     assert limiter.take(Caller(uid=0)) is None
+
+
+def test_a_batch_of_calls_spends_a_token_a_call() -> None:
+    """POST /calls takes one token for each call it makes, all or none."""
+    clock = Clock()
+    limiter = RateLimiter(rate_per_s=1, burst=8, clock=clock)
+    alice = Caller(uid=1)
+    assert limiter.take(alice, 6) is None
+    wait = limiter.take(alice, 3)  # 2 left: refused whole, nothing taken
+    assert wait is not None
+    assert abs(wait - 1.0) < 1e-9
+    assert limiter.take(alice, 2) is None
+    assert limiter.take(alice) is not None

@@ -185,6 +185,18 @@ class Router:
         return None, {}, sorted(allowed)
 
 
+def _calls_in(row_id: str, raw: bytes) -> int:
+    """How many calls a request makes: one, or each of a ``POST /calls`` batch (read
+    without the body's checks, which come after; at most the batch's limit)."""
+    if row_id == "call":
+        return 1
+    try:
+        calls = orjson.loads(raw).get("calls")
+    except (orjson.JSONDecodeError, AttributeError):
+        return 1
+    return max(1, min(len(calls), 8)) if isinstance(calls, list) else 1
+
+
 _IN_PROCESS = Caller()
 
 
@@ -272,8 +284,8 @@ class Api:
                 if len(self._callers) >= 4096:
                     self._callers.clear()
                 self._callers[key] = (peer, grant, caller)
-        if row.id == "call":
-            wait_s = self._limiter.take(caller)
+        if row.id in ("call", "call-many"):
+            wait_s = self._limiter.take(caller, _calls_in(row.id, request.body))
             if wait_s is not None:
                 response = problem(429, "Too Many Requests",
                                    f"uid {caller.uid} is over its call rate; retry later")

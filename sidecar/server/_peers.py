@@ -28,8 +28,9 @@ class RateLimiter:
         # operator's uid spends its own bucket, not the operator's)
         self._buckets: dict[tuple[int | None, str | None], _Bucket] = {}
 
-    def take(self, caller: Caller) -> float | None:
-        """Take one token; None when allowed, else the seconds until a token is free."""
+    def take(self, caller: Caller, count: int = 1) -> float | None:
+        """Take ``count`` tokens (one a call); None when allowed, else the seconds until
+        they are free (none is taken then)."""
         if self.rate_per_s <= 0:
             return None
         now = self._clock()
@@ -41,7 +42,7 @@ class RateLimiter:
             bucket = self._buckets[key] = _Bucket(float(self.burst), now)
         bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate_per_s)
         bucket.updated = now
-        if bucket.tokens >= 1:
-            bucket.tokens -= 1
+        if bucket.tokens >= count:
+            bucket.tokens -= count
             return None
-        return (1 - bucket.tokens) / self.rate_per_s
+        return (min(count, self.burst) - bucket.tokens) / self.rate_per_s
