@@ -60,6 +60,17 @@ with open(sys.argv[1], "w") as out:
 time.sleep(120)
 '''
 
+LEAKY = '''
+import json
+import subprocess
+import sys
+
+child = subprocess.Popen(["sleep", "300"])  # left behind, holding stdout
+with open(sys.argv[1], "w") as out:
+    out.write(str(child.pid))
+print(json.dumps({"ok": True}), flush=True)
+'''
+
 FAILING = '''
 import sys
 
@@ -73,6 +84,7 @@ def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
     (short_tmp / "engine.py").write_text(ENGINE)
     (short_tmp / "sleeper.py").write_text(SLEEPER)
     (short_tmp / "failing.py").write_text(FAILING)
+    (short_tmp / "leaky.py").write_text(LEAKY)
     pid_file = short_tmp / "sleeper.pid"
 
     def write(folder: Path, extra: str) -> Path:
@@ -94,6 +106,11 @@ timeout_s = 2
 description = "An engine whose model is overloaded."
 capabilities = ["e2e.echo"]
 engine = {json.dumps([PY, str(folder / "failing.py"), "75"])}
+
+[agents.leaky]
+description = "An engine that leaves a child behind."
+capabilities = ["e2e.echo"]
+engine = {json.dumps([PY, str(folder / "leaky.py"), str(folder / "leaky.pid")])}
 
 [agents.broken]
 description = "An engine that fails for good."
@@ -150,3 +167,18 @@ def test_a_sleeping_engine_times_out_transient_and_leaves_no_process(
     broken = daemon.call("POST", "/call/agent.broken", {"goal": "now"})
     assert broken.body["status"] == "error_permanent", broken.body
     assert "exited 3" in broken.body["message"]
+
+
+def test_an_engine_that_leaves_a_child_answers_and_the_child_is_ended(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """An engine that exits with its answer while a child of its still holds stdout is
+    answered at once (not timed out), and the child is killed with its process group."""
+    daemon = up()
+    started = time.monotonic()
+    ran = daemon.call("POST", "/call/agent.leaky", {"goal": "go"})
+    assert ran.status == 200, ran.body
+    assert time.monotonic() - started < 10
+    assert ran.body["result"]["ok"] is True
+    pid = int((short_tmp / "leaky.pid").read_text())
+    daemon.wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
+                      Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", timeout=10)

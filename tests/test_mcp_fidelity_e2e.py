@@ -406,6 +406,20 @@ profile = "nothing"
     assert refused.returncode != 0
     assert "unknown prompt" in refused.stderr, refused.stderr
 
+    def restricted_read(uri: str) -> str:
+        done = subprocess.run(
+            ["setpriv", "--groups=4343", "--", PY, "-m", "capd", "resources", "read", uri,
+             "--socket", str(daemon.socket)], capture_output=True, text=True, timeout=60,
+            check=False)
+        assert done.returncode != 0
+        return done.stderr.replace(uri, "URI")
+
+    # a hidden server and no server at all answer alike: nothing to enumerate
+    assert restricted_read("capd://full/memo://greeting") == \
+        restricted_read("capd://nowhere/memo://greeting")
+    dotted = daemon.call("POST", "/resources/read", {"uri": "capd://full/memo://notes/../x"})
+    assert dotted.status == 400, dotted.body
+
     async def through_bridge() -> tuple[Any, Any, Any, Any]:
         async with bridge(daemon.socket) as session:
             resources = await session.list_resources()

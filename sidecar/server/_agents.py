@@ -174,7 +174,7 @@ def resolve_agent(
         if injection.matches(context):
             injected.append(Injected(index, injection.when, injection.why, selections))
     own_servers: dict[str, dict[str, Any]] = {}
-    values = {"agent_id": name, **context}
+    values = {**context, "agent_id": name}  # the context cannot rename the agent
     for server_id, server in spec.servers.items():
         try:
             own_servers[server_id] = _rendered(server, values)

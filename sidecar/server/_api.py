@@ -285,7 +285,12 @@ class Api:
                     self._callers.clear()
                 self._callers[key] = (peer, grant, caller)
         if row.id in ("call", "call-many"):
-            wait_s = self._limiter.take(caller, _calls_in(row.id, request.body))
+            count = _calls_in(row.id, request.body)
+            if self._limiter.rate_per_s > 0 and count > self._limiter.burst:
+                return problem(400, "Bad Request", (
+                    f"a batch of {count} calls is more than the call burst "
+                    f"({self._limiter.burst}); send at most that many at once"))
+            wait_s = self._limiter.take(caller, count)
             if wait_s is not None:
                 response = problem(429, "Too Many Requests",
                                    f"uid {caller.uid} is over its call rate; retry later")

@@ -48,6 +48,15 @@ SOURCE = "capd:agents"
 MAX_OUTPUT = 1 << 20
 STDERR_TAIL = 2048
 EX_TEMPFAIL = 75
+AFTER_EXIT_S = 1.0
+"""How long the output may still come after the engine exits (a child holding it)."""
+ENGINE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TZ", "TMPDIR",
+              "XDG_RUNTIME_DIR")
+"""The daemon's environment variables an engine gets (no secret of the daemon's)."""
+
+
+def _inherited_env() -> dict[str, str]:
+    return {key: os.environ[key] for key in ENGINE_ENV if key in os.environ}
 
 
 class AgentTask(BaseModel):
@@ -98,9 +107,10 @@ def with_agents(registry: Registry, agents: Mapping[str, AgentSpec], config_for:
 
 def _runner(name: str, spec: AgentSpec, config_for: ConfigFor) -> Callable[..., Any]:
     async def run(params: AgentTask) -> Any:
-        context = {k: v for k, v in (params.context or {}).items() if isinstance(v, str)}
+        # The caller's context goes to the engine in its request, never into the agent's
+        # resolution: a caller must not select injections or fill the agent's server args.
         try:
-            config = config_for(name, context)
+            config = config_for(name, {})
         except Exception as exc:  # an agent that does not resolve cannot run
             raise PermanentToolError(f"agent {name} cannot be resolved: {exc}") from exc
         cwd = params.cwd
@@ -125,16 +135,18 @@ async def run_engine(argv: tuple[str, ...], request: dict[str, Any], config: dic
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=cwd, start_new_session=True,
-                env={**os.environ, "CAPD_MCP_CONFIG": str(config_path), "CAPD_AGENT": agent})
+                env={**_inherited_env(), "CAPD_MCP_CONFIG": str(config_path),
+                     "CAPD_AGENT": agent})
         except OSError as exc:
             raise PermanentToolError(f"agent {agent}: its engine {argv[0]!r} cannot start: "
                                      f"{exc.strerror or exc}") from exc
         try:
             return await _talk(proc, request, agent)
         finally:
-            if proc.returncode is None:  # cancelled (its timeout) or failed: nothing stays
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+            # answered, failed or cancelled (its timeout): nothing it started stays running
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            if proc.returncode is None:
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(proc.wait())
 
@@ -157,15 +169,29 @@ async def _talk(proc: asyncio.subprocess.Process, request: dict[str, Any], agent
 
     errors = asyncio.ensure_future(keep_tail())
     out = bytearray()
-    try:
+
+    async def read_out() -> None:
+        assert proc.stdout is not None
         while piece := await proc.stdout.read(65536):
             out.extend(piece)
             if len(out) > MAX_OUTPUT:
                 raise PermanentToolError(f"agent {agent} printed more than {MAX_OUTPUT} bytes; "
                                          "an engine answers one JSON value")
+
+    reading = asyncio.ensure_future(read_out())
+    try:
+        await asyncio.wait([reading, asyncio.ensure_future(proc.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if reading.done():
+            reading.result()  # over the limit: raised here
         code = await proc.wait()
-        await errors
+        # a child it left behind may hold stdout open: the answer is what came by now
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(reading), AFTER_EXIT_S)
+        if reading.done():
+            reading.result()
     finally:
+        reading.cancel()
         errors.cancel()
     said = tail.decode("utf-8", "replace").strip()
     if code == EX_TEMPFAIL:

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("capd.mcp_http")
 
 TOKEN_SCOPE_KEY = "capd.token"
+MAX_HEAD_BYTES = 64 * 1024
+"""The most a request's line and headers may take (the socket API's limit too)."""
 
 
 class LocalLink:
@@ -152,7 +154,12 @@ class FrontDoor:
                                "which capd.toml no longer declares")
         narrowing = (Narrowing(frozenset(record.allow), frozenset(), None, f"token {record.name}")
                      if record.allow else None)
-        grant = Grant("agent", profile, narrowing, record.channel, bound=True, token=record.name)
+        if profile is None and narrowing is None:  # a record that names no reach reaches none
+            raise TokenRefused(f"token {record.name!r} names neither a profile nor an allow "
+                               "list; make a new one")
+        # named by its id too: a token made later under the same name is another caller
+        grant = Grant("agent", profile, narrowing, record.channel, bound=True,
+                      token=f"{record.name}.{record.id}")
         if len(self._grants) > 4096:
             self._grants.clear()
         self._grants[key] = (authority, grant)
@@ -245,6 +252,9 @@ class FrontDoor:
             self.grant_for(record)  # a token whose profile went away is refused here too
         except TokenRefused as exc:
             reason = str(exc).replace('"', "'")
+            if exc.__cause__ is not None:  # the token file: said to the log, not the caller
+                log.error("mcp_http_token_file_unreadable", error=str(exc))
+                reason = "capd cannot check tokens now; the operator's log says why"
             error = "" if not presented else ', error="invalid_token"'
             await _answer(send, 401, str(exc), {
                 "www-authenticate": f'Bearer realm="capd"{error}, error_description="{reason}"'})
@@ -327,7 +337,10 @@ def _session_name(session_id: str) -> str:
 
 def _origin_allowed(origin: str, allowed: list[str]) -> bool:
     for pattern in allowed:
-        if origin == pattern or (pattern.endswith(":*") and origin.startswith(pattern[:-1])):
+        if origin == pattern:
+            return True
+        if pattern.endswith(":*") and origin.startswith(pattern[:-1]) and \
+                origin[len(pattern) - 1:].isdigit():  # "http://localhost:*": a port, only
             return True
     return False
 
@@ -369,6 +382,9 @@ async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
 
     config = uvicorn.Config(
         door, lifespan="off", log_level="warning", access_log=False, loop="none",
+        # h11 bounds a request's head (httptools took a 64 MiB header whole, per connection)
+        http="h11", h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        limit_concurrency=settings.max_sessions + 64,
         ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
         timeout_graceful_shutdown=2)
     server = _Server(config)

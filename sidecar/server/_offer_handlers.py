@@ -67,8 +67,16 @@ async def resource_read(ctx: Context) -> Reply:
     uri = body.get("uri")
     if not isinstance(uri, str) or not uri:
         raise BadRequest('send {"uri": "capd://<server prefix>/<uri>"} (see GET /resources)')
-    upstream, own = ctx.services.upstreams.resource_server(uri)
     grant = ctx.caller.grant
+    try:
+        upstream, own = ctx.services.upstreams.resource_server(uri)
+    except UnknownOffer:
+        if grant.restricted:  # a server it cannot see and none at all: the same answer
+            raise _hidden(f"resource {uri!r}") from None
+        raise
+    if _dotted(own):
+        raise BadRequest(f"{uri!r}: a resource uri with '.' or '..' segments (or their "
+                         "percent-encoding) is refused; name the resource as listed")
     if grant.restricted and not _may_read(grant, upstream, uri,
                                           await ctx.services.upstreams.offered("resources"),
                                           await ctx.services.upstreams.offered("templates")):
@@ -76,6 +84,12 @@ async def resource_read(ctx: Context) -> Reply:
     result = await _asked(upstream, "resources/read", own, upstream.read_resource(own))
     prefix = uri.removeprefix("capd://").partition("/")[0]
     return Reply(200, contents_as_json(prefix, result))
+
+
+def _dotted(uri: str) -> bool:
+    """Whether ``uri``'s path has ``.`` or ``..`` segments, plainly or percent-encoded."""
+    path = uri.split("://", 1)[-1].lower().replace("%2e", ".").replace("%2f", "/")
+    return any(segment in (".", "..") for segment in path.split("/"))
 
 
 def _may_read(grant: Grant, upstream: Upstream, uri: str,
@@ -99,7 +113,12 @@ async def prompt_get(ctx: Context) -> Reply:
     if not isinstance(arguments, dict) or not all(
             isinstance(v, str) for v in arguments.values()):
         raise BadRequest("a prompt's arguments are a JSON object of strings")
-    upstream, own = ctx.services.upstreams.prompt_server(name)
+    try:
+        upstream, own = ctx.services.upstreams.prompt_server(name)
+    except UnknownOffer:
+        if ctx.caller.grant.restricted:
+            raise _hidden(f"prompt {name!r}") from None
+        raise
     if not _inside(ctx.caller.grant, upstream, name):
         raise _hidden(f"prompt {name!r}")
     result = await _asked(upstream, "prompts/get", own, upstream.get_prompt(own, arguments))
@@ -137,7 +156,7 @@ async def call_answer(ctx: Context) -> Reply:
     try:
         stream.answer(ctx.path["question"], ctx.body)
     except KeyError:
-        raise UnknownOffer(f"call {ctx.path['call']} asks no question {ctx.path['id']!r} "
+        raise UnknownOffer(f"call {ctx.path['call']} asks no question {ctx.path['question']!r} "
                            "now (answered already, or never asked)") from None
     except TypeError as exc:
         raise BadRequest(str(exc)) from exc
