@@ -162,6 +162,8 @@ def test_the_cli_timeout_option_sends_the_header(opt: DaemonProcess) -> None:
     over = cli(opt, "call", "opt.nap", "--timeout", "60")
     assert over.returncode != 0
     assert "at most 5" in over.stderr
+    assert "send a shorter --timeout" in over.stderr  # the CLI's words, not the header's
+    assert "Capd-Timeout" not in over.stderr
 
 
 async def test_the_mcp_timeout_argument_sends_the_header(opt: DaemonProcess) -> None:

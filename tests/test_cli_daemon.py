@@ -96,6 +96,10 @@ def test_usage_errors_exit_2(short_tmp: Path) -> None:
     assert "use key=value" in bad_p.stderr
     bad_json = capd(None, "call", "e2e.echo", "--params", "{nope", socket=short_tmp / "s")
     assert bad_json.returncode == 2
+    twice = capd(None, "call", "e2e.echo", "--params", '{"text": "a"}', "-p", "text=b",
+                 socket=short_tmp / "s")
+    assert twice.returncode == 2
+    assert "'text' is set by --params too" in twice.stderr
     missing = subprocess.run([sys.executable, "-m", "capd", "show"], capture_output=True,
                              text=True, timeout=30, check=False)
     assert missing.returncode == 2

@@ -146,6 +146,18 @@ def render_export(body: Any) -> Document:
     return render_json(body["tools"])
 
 
+CLI_WORDS = {"Capd-Timeout": "--timeout", "Capd-Run-Disabled": "--run-disabled",
+             "Idempotency-Key": "idempotency key"}
+"""The API's header names as the CLI's own words, in the sentences it prints."""
+
+
+def cli_words(text: str) -> str:
+    """``text`` with the API's header names said as the CLI's options."""
+    for api, cli in CLI_WORDS.items():
+        text = text.replace(api, cli)
+    return text
+
+
 def describe_failure(command: str, body: Any) -> str:
     """One sentence for an answer that is not 2xx, for ``capd: <sentence>`` on stderr.
 
@@ -158,7 +170,7 @@ def describe_failure(command: str, body: Any) -> str:
     if not isinstance(body, dict):
         return f"{command} failed: {body}"
     if body.get("detail"):
-        return str(body["detail"])
+        return cli_words(str(body["detail"]))
     if "capability" in body and "status" in body:
         kind = ", ".join(str(x) for x in (body["status"], body.get("error_type")) if x)
         text = f"{body['capability']} failed: {body.get('message') or 'no message'} ({kind})"

@@ -316,18 +316,22 @@ def _parse_params(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(loaded, dict):
             raise UsageError("--params must be a JSON object")
         params.update(loaded)
+    from_json = set(params)
     for item in args.param or ():
         if ":=" in item:
             key, _, raw = item.partition(":=")
             try:
-                params[key] = json.loads(raw)
+                value: Any = json.loads(raw)
             except ValueError as exc:
                 raise UsageError(f"-p {item}: the value after := is not JSON: {exc}") from None
         elif "=" in item:
             key, _, value = item.partition("=")
-            params[key] = value
         else:
             raise UsageError(f"-p {item}: use key=value (a string) or key:=json")
+        if key in from_json:
+            raise UsageError(f"-p {item}: {key!r} is set by --params too; give each "
+                             "parameter once")
+        params[key] = value
     return params
 
 
