@@ -47,6 +47,23 @@ def test_call_with_key_value_and_json_params(start: Start) -> None:
     assert json.loads(whole.stdout) == {"text": "w", "version": "v1"}
 
 
+def test_output_json_and_yaml_print_the_body(start: Start) -> None:
+    """`-o json` is --json; `-o yaml` prints the same body as YAML; `-o table` the default."""
+    import yaml
+
+    daemon = start()
+    as_json = capd(daemon, "show", "e2e.echo", "-o", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    body = json.loads(as_json.stdout)
+    as_yaml = capd(daemon, "show", "e2e.echo", "-o", "yaml")
+    assert as_yaml.returncode == 0, as_yaml.stderr
+    assert yaml.safe_load(as_yaml.stdout)["parameters"] == body["parameters"]
+    table = capd(daemon, "list", "-o", "table")
+    assert table.stdout.startswith("STATE")
+    wrong = capd(daemon, "list", "-o", "xml")
+    assert wrong.returncode == 2
+
+
 def test_failed_calls_exit_1_with_the_reason_on_stderr(start: Start, web: object) -> None:
     """Invalid params and unknown capabilities exit 1 with one sentence on stderr."""
     daemon = start()

@@ -367,8 +367,12 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
     problem = response.content_type.startswith("application/problem+json")
     if isinstance(response.body, str):  # a text body (metrics, TOML): a format, as it came
         echo(Document(response.body), end="" if response.body.endswith("\n") else "\n")
-    elif args.json:
+    elif args.json or args.output == "json":
         print(json.dumps(response.body, indent=2))
+    elif args.output == "yaml":
+        import yaml  # only for -o yaml
+
+        print(yaml.safe_dump(response.body, sort_keys=False, allow_unicode=True), end="")
     elif problem or not (ok or row.id in STATUS_REPORTS):
         echo(f"capd: {describe_failure(' '.join(row.cli), response.body)}", err=True)
     elif not row.json_mode:
@@ -505,6 +509,9 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             parser.add_argument("-p", dest="param", action="append", metavar="KEY=VALUE",
                                 help="one parameter: key=value (string) or key:=json; repeatable")
         parser.add_argument("--json", action="store_true", help="print the HTTP body as JSON")
+        parser.add_argument("-o", "--output", choices=("table", "json", "yaml"),
+                            help="how to print the answer: table (for reading, the default), "
+                            "json (as --json) or yaml")
         parser.add_argument("--socket", help="daemon socket (default: $CAPD_SOCKET or "
                             f"{default_socket_path()})")
         parser.set_defaults(handler=lambda a, row=row: run_table_command(row, a), row=row.id)
