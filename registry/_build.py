@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
@@ -222,10 +223,15 @@ async def refresh_upstream(registry: Registry, tool_id: str, pool: UpstreamPool)
     if not isinstance(spec, McpProbe):
         raise TypeError(f"tool {tool_id!r} is not an MCP server")
     found = await pool.get(tool_id, spec).ensure()
-    source = f"mcp:{tool_id}"
-    return registry.with_source(
-        source, upstream_capabilities(tool_id, spec, found, pool.call, source=source),
-        left_out_tools(tool_id, spec, found))
+    return registry.with_source(f"mcp:{tool_id}", *_server_capabilities(tool_id, spec, found,
+                                                                         pool))
+
+
+def _server_capabilities(tool_id: str, spec: McpProbe, found: Sequence[Any], pool: UpstreamPool
+                         ) -> tuple[list[Capability], dict[str, str]]:
+    """One server's capabilities from the tools it ``found``, and those left out, with why."""
+    return (upstream_capabilities(tool_id, spec, found, pool.call, source=f"mcp:{tool_id}"),
+            left_out_tools(tool_id, spec, found))
 
 
 async def _upstream_capabilities(tools: Mapping[str, ToolSpec], pool: UpstreamPool | None
@@ -243,7 +249,6 @@ async def _upstream_capabilities(tools: Mapping[str, ToolSpec], pool: UpstreamPo
         if error is not None:
             log.warning("upstream_unreachable_at_build", tool=tool_id, error=error,
                         known_tools=len(found))
-        out.extend(upstream_capabilities(tool_id, spec, found, pool.call,
-                                         source=f"mcp:{tool_id}"))
-        left_out[f"mcp:{tool_id}"] = left_out_tools(tool_id, spec, found)
+        made, left_out[f"mcp:{tool_id}"] = _server_capabilities(tool_id, spec, found, pool)
+        out.extend(made)
     return out, left_out

@@ -185,15 +185,10 @@ class Router:
         return None, {}, sorted(allowed)
 
 
-def _calls_in(row_id: str, raw: bytes) -> int:
-    """How many calls a request makes: one, or each of a ``POST /calls`` batch (read
-    without the body's checks, which come after; at most the batch's limit)."""
-    if row_id == "call":
-        return 1
-    try:
-        calls = orjson.loads(raw).get("calls")
-    except (orjson.JSONDecodeError, AttributeError):
-        return 1
+def _calls_in(body: Any) -> int:
+    """How many calls a ``POST /calls`` body makes (its checks come in the handler; at
+    most the batch's limit, at least one)."""
+    calls = body.get("calls") if isinstance(body, dict) else None
     return max(1, min(len(calls), 8)) if isinstance(calls, list) else 1
 
 
@@ -228,6 +223,22 @@ class Api:
     def malformed(detail: str) -> HttpResponse:
         """400: the request is not HTTP/1.1 capd can read."""
         return problem(400, "Bad Request", detail)
+
+    def _over_rate(self, caller: Caller, count: int) -> HttpResponse | None:
+        """The refusal of ``count`` calls over the caller's rate (or over the burst, which
+        no wait would let through); None when they may run."""
+        limiter = self._limiter
+        if limiter.rate_per_s > 0 and count > limiter.burst:
+            return problem(400, "Bad Request", (
+                f"a batch of {count} calls is more than the call burst ({limiter.burst}); "
+                "send at most that many at once"))
+        wait_s = limiter.take(caller, count)
+        if wait_s is None:
+            return None
+        response = problem(429, "Too Many Requests",
+                           f"uid {caller.uid} is over its call rate; retry later")
+        response.headers["Retry-After"] = str(max(1, round(wait_s)))
+        return response
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         """Answer one request."""
@@ -284,24 +295,21 @@ class Api:
                 if len(self._callers) >= 4096:
                     self._callers.clear()
                 self._callers[key] = (peer, grant, caller)
-        if row.id in ("call", "call-many"):
-            count = _calls_in(row.id, request.body)
-            if self._limiter.rate_per_s > 0 and count > self._limiter.burst:
-                return problem(400, "Bad Request", (
-                    f"a batch of {count} calls is more than the call burst "
-                    f"({self._limiter.burst}); send at most that many at once"))
-            wait_s = self._limiter.take(caller, count)
-            if wait_s is not None:
-                response = problem(429, "Too Many Requests",
-                                   f"uid {caller.uid} is over its call rate; retry later")
-                response.headers["Retry-After"] = str(max(1, round(wait_s)))
-                return response
+        if row.id == "call":
+            refused = self._over_rate(caller, 1)
+            if refused is not None:
+                return refused
         request_id = headers.get("x-request-id") or self._ids.next()
         bind_contextvars(request_id=request_id)
         try:
             body: Any = None
             if row.method == "POST" and request.body.strip():
                 body = parse_body(request.body)
+            if row.id == "call-many":  # a token for each call of the batch, read once
+                refused = self._over_rate(caller, _calls_in(body))
+                if refused is not None:
+                    refused.headers["X-Request-Id"] = request_id
+                    return refused
             query = (dict(parse_qsl(request.query_string, keep_blank_values=True))
                      if request.query_string else {})
             ctx = Context(services=self._services, path=path_params, query=query, body=body,

@@ -129,14 +129,7 @@ class CallStream:
         ``ConnectionResetError`` when the client leaves first (the call is cancelled)."""
         if self._lines:
             return True
-        waiters = [asyncio.ensure_future(self._ready.wait())]
-        if gone is not None:
-            waiters.append(asyncio.ensure_future(gone.wait()))
-        try:
-            await asyncio.wait([task, *waiters], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        await self._until_something(task, gone)
         if gone is not None and gone.is_set() and not task.done():
             task.cancel()
             with contextlib.suppress(BaseException):
@@ -174,16 +167,24 @@ class CallStream:
                 await send(self._lines.popleft())
             if task.done():
                 return
-            self._ready.clear()
-            waiters = [asyncio.ensure_future(self._ready.wait()),
-                       asyncio.ensure_future(gone.wait())]
-            try:
-                await asyncio.wait([task, *waiters], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
+            await self._until_something(task, gone)
             if gone.is_set():
                 raise ConnectionResetError("the client closed the stream")
+
+    async def _until_something(self, task: asyncio.Task[Any],
+                               gone: asyncio.Event | None) -> None:
+        """Wait until the call has a line to send, ends, or its client leaves."""
+        self._ready.clear()
+        if self._lines:  # put before the clear: already here
+            return
+        waiters = [asyncio.ensure_future(self._ready.wait())]
+        if gone is not None:
+            waiters.append(asyncio.ensure_future(gone.wait()))
+        try:
+            await asyncio.wait([task, *waiters], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     def close(self) -> None:
         """No more events; questions still waiting are refused to the server."""
