@@ -99,3 +99,51 @@ timeout_s = 20
     assert done.returncode == 1
     assert "e2e.slowinner" in done.stdout
     assert "latency_class 'inner' answers within 5 s" in done.stdout
+
+
+def test_a_batch_reaches_nothing_outside_the_callers_grant(short_tmp: Path) -> None:
+    """POST /calls as a uid bound to a profile, and invoke_many through `capd mcp --allow`:
+    a capability outside the grant is answered as unknown, its name suggested nowhere,
+    while the call inside it runs."""
+    import asyncio
+
+    from .test_mcp import bridge
+
+    def write(folder: Path, extra: str) -> Path:
+        config = write_e2e_config(folder, 9)
+        config.write_text(config.read_text() + """
+[profiles.echoer]
+capabilities = ["e2e.echo"]
+
+[[peers]]
+gid = 4545
+profile = "echoer"
+""")
+        return config
+
+    batch = {"calls": [{"capability": "e2e.echo", "params": {"text": "in"}},
+                       {"capability": "e2e.slow", "params": {"seconds": 0}},
+                       {"capability": "e2e.slo"}]}
+    with daemons_on(short_tmp, write) as start:
+        daemon = start()
+        bound = subprocess.run(["setpriv", "--groups=4545", "--", PY, "-m", "capd",
+                                "call-many", "--params", json.dumps(batch), "--json",
+                                "--socket", str(daemon.socket)],
+                               capture_output=True, text=True, timeout=60, check=False)
+        assert bound.returncode == 0, bound.stderr
+        results = json.loads(bound.stdout)["results"]
+        assert results[0]["tool_result"]["result"]["text"] == "in"
+        for hidden in results[1:]:
+            assert hidden["http_status"] == 404
+            assert hidden["problem"]["title"] == "Unknown Capability"
+            assert "e2e.slow" not in json.dumps(hidden["problem"]["suggestions"])
+
+        async def through_bridge() -> object:
+            async with bridge(daemon.socket, "--allow", "e2e.echo") as session:
+                answer = await session.call_tool("invoke_many", batch)
+                return answer.structured_content
+
+        narrowed = asyncio.run(through_bridge())
+        assert isinstance(narrowed, dict)
+        assert [r["http_status"] for r in narrowed["results"]] == [200, 404, 404]
+        assert "e2e.slow" not in json.dumps(narrowed["results"][2])
