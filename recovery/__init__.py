@@ -21,6 +21,7 @@ SQLite and OS errors become :class:`QueueStorageError` (or :class:`QueueFull`,
 ``CallOutcome`` (``_calls``).
 """
 
+from . import _tracing as tracing
 from ._attempts import RunningAttempts
 from ._calls import CallKind, CallOutcome, apply_passive_health, call_capability, classify_error
 from ._deadline import deadline
@@ -97,5 +98,6 @@ __all__ = [
     "combine",
     "deadline",
     "default_state_dir",
+    "tracing",
     "verify_post_write_effects",
 ]

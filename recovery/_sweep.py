@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from capd.registry import Registry, UnknownCapability
 
+from . import _tracing as tracing
 from ._attempts import RunningAttempts
 from ._calls import apply_passive_health, call_capability
 from ._effects import verify_post_write_effects
@@ -199,8 +200,12 @@ class RetrySweep:
             disabled = not (await self._rechecker.recheck_disabled_capability(cap.name)).live
 
         if job.policy == "verify_first":
-            verification = await verify_post_write_effects(cap, params, registry.ops,
-                                                           executor=self._verify_executor)
+            with tracing.optional_span(f"queue.verify {cap.name}", {
+                    "gen_ai.tool.name": cap.name, "capd.job.id": job.id}) as current:
+                verification = await verify_post_write_effects(cap, params, registry.ops,
+                                                               executor=self._verify_executor)
+                if current is not None:
+                    current.set_attribute("capd.verify.verdict", verification.verdict)
             await self._queue.record(job, "verify", verification.verdict, verification.as_dict())
             if verification.verdict == "verified":
                 if await self._queue.complete(job, detail="effects verified: the write had "
@@ -225,8 +230,12 @@ class RetrySweep:
         if not await self._queue.extend_lease(job, cap.timeout_s + self.grace_s):
             self._count("lost_lease", job)
             return
-        outcome = await call_capability(cap, params, unknown_errors_are_transient=disabled,
-                                        executor=self._executor)
+        with tracing.optional_span(f"queue.replay {cap.name}", {
+                "gen_ai.tool.name": cap.name, "capd.job.id": job.id}) as current:
+            outcome = await call_capability(cap, params, unknown_errors_are_transient=disabled,
+                                            executor=self._executor)
+            if current is not None and outcome.kind not in ("success", "partial"):
+                tracing.set_error(current, outcome.error_type or outcome.kind, outcome.message)
         if outcome.abandoned is not None:
             self.running.add(job.id, outcome.abandoned)
         detail = f"{outcome.kind}: {outcome.error_type or ''} {outcome.message or ''}".strip()

@@ -75,6 +75,7 @@ RECOVERY = {
     "classify_error", "combine",
     "deadline",
     "default_state_dir",
+    "tracing",
     "verify_post_write_effects",
 }
 

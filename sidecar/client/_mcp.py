@@ -281,6 +281,12 @@ class Peer(Protocol):
         """What it declared it can answer: ``sampling``, ``elicitation``."""
         ...
 
+    @property
+    def trace(self) -> dict[str, str]:
+        """The W3C trace context the client sent with this request (``_meta.traceparent``,
+        ``_meta.tracestate``) as headers, so that the daemon's spans join its trace."""
+        ...
+
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Report progress on this request (nothing when it asked for none)."""
         ...
@@ -479,7 +485,8 @@ class Bridge:
             return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
                                       headers, peer=peer)
         if spec.body == "*":  # the arguments are the request's body (preflight, invoke_many)
-            status, body = await self.link.request("POST", _ROWS[name].path, body=arguments)
+            status, body = await self.link.request("POST", _ROWS[name].path, body=arguments,
+                                                   headers=peer.trace if peer else None)
             return _problem(status, body) if status >= 400 else _text(body, is_error=False)
         row = _ROWS[name]
         path, query = _request_of(row, spec, arguments)
@@ -522,6 +529,8 @@ class Bridge:
         (when it declared it can answer). A client's cancellation closes the stream,
         which cancels the call upstream."""
         path = f"/call/{quote(name, safe='')}"
+        if peer is not None and peer.trace:
+            headers = {**(headers or {}), **peer.trace}
         if peer is None:
             status, body = await self.link.request("POST", path, body=arguments,
                                                    headers=headers or None)

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import sys
 from typing import Any
 
@@ -71,15 +72,27 @@ class _Lines(asyncio.Protocol):
         self.queue.put_nowait(None)
 
 
+_TRACE_FORMS = {"traceparent": re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"),
+                "tracestate": re.compile(r"[\x20-\x7e]{1,512}")}
+"""What a client's ``_meta.traceparent`` and ``_meta.tracestate`` may be to be passed on."""
+
+
 class _StdioPeer:
     """The client of one request, for the bridge: its progress token, its capabilities."""
 
-    def __init__(self, server: StdioServer, token: Any) -> None:
-        self._server, self._token = server, token
+    def __init__(self, server: StdioServer, meta: dict[str, Any]) -> None:
+        self._server, self._token = server, meta.get("progressToken")
+        # Only a well-formed W3C context travels as headers (nothing else of the client's).
+        self._trace = {key: value for key, form in _TRACE_FORMS.items()
+                       if isinstance(value := meta.get(key), str) and form.fullmatch(value)}
 
     @property
     def answers(self) -> frozenset[str]:
         return self._server.answers
+
+    @property
+    def trace(self) -> dict[str, str]:
+        return self._trace
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         if self._token is None:
@@ -224,8 +237,8 @@ class StdioServer:
             case "tools/list":
                 return await bridge.list_tools()
             case "tools/call":
-                meta = params.get("_meta") or {}
-                peer = _StdioPeer(self, meta.get("progressToken"))
+                meta = params.get("_meta")
+                peer = _StdioPeer(self, meta if isinstance(meta, dict) else {})
                 return await bridge.call_tool(str(_needs(params, "name")),
                                               params.get("arguments"), peer)
             case "resources/list":

@@ -23,6 +23,8 @@ import orjson
 import structlog
 from structlog.contextvars import bind_contextvars
 
+from capd.recovery import tracing
+
 from .._errors import (
     BadRequest,
 )
@@ -316,7 +318,15 @@ class Api:
                           caller=caller, request_id=request_id,
                           idempotency_key=headers.get("idempotency-key"), headers=headers,
                           gone=request.connection.gone if request.connection else None)
-            reply = await HANDLERS[row.handler](ctx)
+            if tracing.TRACER is not None and "traceparent" in headers:
+                # the caller's trace: a call's spans are its children
+                token = tracing.attach(headers)
+                try:
+                    reply = await HANDLERS[row.handler](ctx)
+                finally:
+                    tracing.detach(token)
+            else:
+                reply = await HANDLERS[row.handler](ctx)
         except Exception as exc:  # every failure becomes a problem+json answer
             response = _problem_for(exc, request.path)
             response.headers["X-Request-Id"] = request_id

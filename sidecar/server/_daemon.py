@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import structlog
 
-from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts
+from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts, tracing
 from capd.registry import (
     ConfigError,
     OpThreads,
@@ -108,6 +108,13 @@ class Daemon:
         )
         self.version = capd_version()
         self.pid = os.getpid()
+        # Traces when OTEL_* variables ask for them (and the SDK is there): before the
+        # gateway, which decides once whether to make spans.
+        why_not = tracing.enable_tracing(self.version)
+        if why_not is not None:
+            log.warning("tracing_off", reason=why_not)
+        elif tracing.TRACER is not None:
+            log.info("tracing_on")
         self.state: State = "starting"
         self.loop_lag_s = 0.0
         self._started = time.monotonic()
@@ -442,6 +449,7 @@ class Daemon:
             finally:
                 await self.upstreams.close()  # a stdio server's process ends with its session
                 await self.queue.close()
+                tracing.shutdown_tracing()  # what is buffered goes out (3 s at most)
         finally:
             lock.release()
 

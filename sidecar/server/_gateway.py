@@ -33,7 +33,13 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from capd.recovery import Rechecker, apply_passive_health, call_capability
+from capd.recovery import (
+    CallOutcome,
+    Rechecker,
+    apply_passive_health,
+    call_capability,
+    tracing,
+)
 from capd.registry import (
     Capability,
     Registry,
@@ -48,7 +54,7 @@ from ._grant import Grant, resolve
 from ._policy import NamedHook, Policy
 from ._result import STATUS_OF, ToolResult, ToolResultStatus
 from ._services import Caller
-from ._steps import PLAIN, STEPS, Call, CallOptions, Next, Outcome, compose
+from ._steps import PLAIN, STEPS, Call, CallOptions, Next, Outcome, Step, compose
 
 __all__ = [
     "RUN_DISABLED_OPERATION",
@@ -126,6 +132,25 @@ class CallStats:
         }
 
 
+class _TracedStep:
+    """A policy step inside a ``policy {kind}`` span (tracing on)."""
+
+    def __init__(self, step: Step) -> None:
+        self._step = step
+        self.kind = step.kind
+        self._name = f"policy {step.kind}"
+
+    def applies(self, cap: Capability, grant: Grant, policy: Policy) -> bool:
+        return self._step.applies(cap, grant, policy)
+
+    async def __call__(self, call: Call, rest: Next) -> Outcome:
+        with tracing.span(self._name, {"capd.policy.step": self.kind}) as current:
+            outcome = await self._step(call, rest)
+            if outcome[0].status == "error_blocked" and outcome[0].error_type:
+                current.set_attribute("capd.policy.refused", outcome[0].error_type)
+            return outcome
+
+
 class Gateway:
     """Dispatches calls to the current registry's capabilities."""
 
@@ -170,6 +195,8 @@ class Gateway:
         # made for, the chain)
         self._chains: dict[tuple[str, int], tuple[Capability, Policy, Grant, Next]] = {}
         self._observers: set[asyncio.Task[None]] = set()  # after-hooks of cancelled calls
+        if tracing.TRACER is not None:  # on at the start or never: no test per call when off
+            self.dispatch = self._traced_dispatch  # type: ignore[method-assign]
 
     async def wait_idle(self) -> None:
         """Return when no call is in flight."""
@@ -251,12 +278,54 @@ class Gateway:
             and cap.mutates_state
             and self._failure_sink is not None
         ):
-            result = await self._failure_sink.accept(cap, model, result,
-                                                    idempotency_key=idempotency_key,
-                                                    running=running)
+            result = await self._queue(self._failure_sink, cap, model, result,
+                                       idempotency_key, running)
         await self._after(cap, caller, policy, model, result)
         self._record(cap, caller, policy, model, result, request_id)
         return result
+
+    async def _traced_dispatch(self, name: str, params: Mapping[str, Any],
+                               caller: Caller | None = None, **options: Any) -> ToolResult:
+        """:meth:`dispatch` inside an ``execute_tool`` span (tracing on)."""
+        registry = self._registry()
+        cap = registry.get(name) if name in registry else None
+        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+        if cap is not None:
+            attributes["gen_ai.tool.type"] = ("extension" if cap.upstream_tool is not None
+                                              else "function")
+        with tracing.span(f"execute_tool {name}", attributes) as current:
+            try:
+                result = await Gateway.dispatch(self, name, params, caller, **options)
+            except asyncio.CancelledError:
+                tracing.set_error(current, "cancelled", "the caller left before the answer")
+                raise
+            except Exception as exc:
+                tracing.set_error(current, getattr(exc, "error_type", type(exc).__name__),
+                                  str(exc))
+                raise
+            current.set_attribute("gen_ai.tool.call.id", result.request_id)
+            current.set_attribute("capd.status", result.status)
+            if result.queued:
+                current.set_attribute("capd.job.id", result.queued)
+            if result.status not in ("success", "partial"):
+                tracing.set_error(current, result.error_type or result.status, result.message)
+            return result
+
+    async def _queue(self, sink: FailureSink, cap: Capability, model: Any,
+                     result: ToolResult, idempotency_key: str | None,
+                     running: ThreadHandle | None) -> ToolResult:
+        """``result`` handed to the failure sink (the queue), in a span when tracing."""
+        if tracing.TRACER is None:
+            return await sink.accept(cap, model, result, idempotency_key=idempotency_key,
+                                     running=running)
+        with tracing.span("queue.enqueue", {"gen_ai.tool.name": cap.name}) as current:
+            queued = await sink.accept(cap, model, result, idempotency_key=idempotency_key,
+                                       running=running)
+            if queued.queued:
+                current.set_attribute("capd.job.id", queued.queued)
+            else:
+                tracing.set_error(current, queued.error_type or "not_queued", queued.message)
+            return queued
 
     async def _after(self, cap: Capability, caller: Caller, policy: Policy, model: Any,
                      result: ToolResult) -> None:
@@ -297,6 +366,8 @@ class Gateway:
         if found is not None and found[0] is cap and found[1] is policy and found[2] is grant:
             return found[3]
         steps = [step for make in STEPS if (step := make(self)).applies(cap, grant, policy)]
+        if tracing.TRACER is not None:
+            steps = [_TracedStep(step) for step in steps]
         chain = compose(steps, self._invoke)
         if len(self._chains) >= 4096:  # bounded: grants come and go with narrowings
             self._chains.clear()
@@ -383,8 +454,11 @@ class Gateway:
                                  request_id=call.request_id)
                 warnings.append(f"{cap.name} ran while disabled (missing {missing}), "
                                 "as the caller asked")
-        outcome = await call_capability(cap, call.params, executor=self._executor,
-                                        timeout_s=options.timeout_s)
+        if tracing.TRACER is not None and cap.upstream_tool is not None:
+            outcome = await self._traced_upstream(call)
+        else:
+            outcome = await call_capability(cap, call.params, executor=self._executor,
+                                            timeout_s=options.timeout_s)
         apply_passive_health(registry, cap, outcome)
         if outcome.kind in ("success", "partial"):
             value = outcome.value
@@ -403,6 +477,21 @@ class Gateway:
         return self._finish(call, STATUS_OF[outcome.kind], error_type=outcome.error_type,
                             message=outcome.message, retry_after_s=outcome.retry_after_s,
                             warnings=warnings, **relayed), outcome.abandoned
+
+    async def _traced_upstream(self, call: Call) -> CallOutcome:
+        """The upstream MCP request of ``call`` inside a ``tools/call`` span."""
+        cap = call.capability
+        # an upstream tool's op id is mcp:<server id>:<the server's own tool name>
+        _, server, tool = (cap.op_id or f"mcp:{cap.requires[0]}:{cap.name}").split(":", 2)
+        with tracing.span(f"tools/call {tool}", {
+                "mcp.method.name": "tools/call", "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": tool, "capd.mcp.server": server,
+                "capd.capability": cap.name}) as current:
+            outcome = await call_capability(cap, call.params, executor=self._executor,
+                                            timeout_s=call.options.timeout_s)
+            if outcome.kind not in ("success", "partial"):
+                tracing.set_error(current, outcome.error_type or outcome.kind, outcome.message)
+            return outcome
 
     def _refuse_run_disabled(self, call: Call) -> ToolResult | None:
         """The refusal of running disabled ``call.capability``, or None when it may run.
