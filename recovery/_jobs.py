@@ -56,6 +56,9 @@ class Job(BaseModel):
     first_error_class: str | None = None
     created_at: float
     updated_at: float
+    retried_at: float | None = None
+    """When an operator last asked for a retry (its age for ``max_age_s`` counts from
+    then); ``created_at`` stays when the job was accepted."""
 
 
 class Attempt(BaseModel):

@@ -214,7 +214,7 @@ class RetryQueue:
             "next_run_at": run_at, "lease_until": None, "fence": 0, "boot_id": boot_id,
             "first_sent_at": first_sent_at, "timeout_s": timeout_s, "last_error": error,
             "error_class": error_class, "first_error": error, "first_error_class": error_class,
-            "created_at": now, "updated_at": now,
+            "created_at": now, "updated_at": now, "retried_at": None,
         })
         return job, row
 
@@ -249,7 +249,8 @@ class RetryQueue:
                 retry_after_s: float | None = None) -> RetryDecision:
         return self.backoff.decide(
             job.policy, now=now, first_sent_at=job.first_sent_at, timeout_s=job.timeout_s,
-            attempts=job.attempts, max_attempts=job.max_attempts, created_at=job.created_at,
+            attempts=job.attempts, max_attempts=job.max_attempts,
+            created_at=job.retried_at or job.created_at,
             failure=failure, retry_after_s=retry_after_s, rng=self._rng)
 
     # ------------------------------------------------------------------ leases
@@ -307,7 +308,8 @@ class RetryQueue:
                 decision = self.backoff.decide(
                     row["policy"], now=now, first_sent_at=row["first_sent_at"],
                     timeout_s=row["timeout_s"], attempts=row["attempts"],
-                    max_attempts=row["max_attempts"], created_at=row["created_at"],
+                    max_attempts=row["max_attempts"],
+                    created_at=row["retried_at"] or row["created_at"],
                     rng=self._rng)
                 if decision.state == "pending":
                     runnable.append(row)
@@ -486,7 +488,7 @@ class RetryQueue:
         def work(db: sqlite3.Connection) -> None:
             db.execute(
                 "UPDATE jobs SET state = 'pending', next_run_at = ?, updated_at = ?,"
-                " max_attempts = max(max_attempts, attempts + 1), created_at = ?"
+                " max_attempts = max(max_attempts, attempts + 1), retried_at = ?"
                 " WHERE id = ? AND state = ?", (now, now, now, job_id, job.state))
             self._audit(db, job_id, "operator", job.fence, "pending",
                         f"retry requested (was {job.state})"

@@ -31,7 +31,7 @@ from ._errors import QueueCorrupt, QueueFull, QueueStorageError
 
 log = structlog.get_logger("capd.queue")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE jobs (
@@ -71,6 +71,11 @@ MIGRATIONS: dict[int, str] = {
         detail TEXT
     );
     CREATE INDEX attempts_job ON attempts (job_id, id);
+    """,
+    # An operator's retry: when it was asked (the job's age counts from it), so that
+    # created_at stays when the job was accepted.
+    2: """
+    ALTER TABLE jobs ADD COLUMN retried_at REAL;
     """,
 }
 

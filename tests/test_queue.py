@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -279,3 +280,61 @@ async def test_partial_completion_and_its_operator_retry(queue: RetryQueue) -> N
     assert (trail[-1].kind, trail[-1].outcome, trail[-1].detail) == (
         "complete", "partial", "1 of 2 rows written")
     assert (await queue.operator_retry(job.id)).state == "pending"
+
+
+async def test_an_operator_retry_keeps_created_at_and_appends_to_the_trail(
+        tmp_path: Path, clock: Clock) -> None:
+    """A retry never rewrites history: created_at and the enqueue entry keep their time, the
+    retry is a new audit entry, and the job's age (for max_age_s) counts from the retry."""
+    queue = await RetryQueue.open(tmp_path / "q.db", clock=clock, rng=random.Random(7),
+                                  backoff=BackoffPolicy(max_attempts=3, max_age_s=100),
+                                  boot_id="boot-a")
+    try:
+        job = await queue.enqueue(request())
+        accepted = job.created_at
+        clock.advance(150)  # older than max_age_s: the claim gives it up
+        assert await queue.claim_due(1) == []
+        assert (await queue.get(job.id)).state == "dead"
+        clock.advance(10)
+        revived = await queue.operator_retry(job.id, actor="uid 0")
+        assert revived.created_at == accepted
+        assert revived.retried_at == clock()
+        (claimed,) = await queue.claim_due(1)  # young again from the retry: it runs
+        assert claimed.id == job.id
+        assert claimed.created_at == accepted
+        trail = await queue.attempts(job.id)
+        assert (trail[0].kind, trail[0].at) == ("enqueue", accepted)
+        assert [a.kind for a in trail] == ["enqueue", "dead", "operator", "claim"]
+        assert "retry requested (was dead) by uid 0" in (trail[2].detail or "")
+    finally:
+        await queue.close()
+
+
+async def test_a_version_1_queue_is_migrated_with_its_jobs(tmp_path: Path) -> None:
+    """A queue file written by the schema before retried_at opens, migrated in place, its
+    jobs as they were."""
+    from capd.recovery._queue_file import MIGRATIONS
+
+    path = tmp_path / "q.db"
+    accepted = time.time() - 60
+    with sqlite3.connect(path) as raw:
+        raw.execute("PRAGMA journal_mode = WAL")
+        raw.executescript(MIGRATIONS[1])
+        raw.execute("PRAGMA user_version = 1")
+        raw.execute(
+            "INSERT INTO jobs (id, capability, params, policy, state, max_attempts,"
+            " next_run_at, first_sent_at, timeout_s, created_at, updated_at) VALUES"
+            " ('j1', 'notes.append', '{\"n\":1}', 'replay', 'pending', 3, 0, ?, 5, ?, ?)",
+            (accepted, accepted, accepted))
+    raw.close()
+    queue = await RetryQueue.open(path, boot_id="boot-a")
+    try:
+        job = await queue.get("j1")
+        assert (job.created_at, job.retried_at, job.params) == (accepted, None, {"n": 1})
+        (claimed,) = await queue.claim_due(1)
+        assert claimed.id == "j1"
+    finally:
+        await queue.close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    raw.close()

@@ -94,9 +94,20 @@ def test_operator_rows_and_health(short_tmp: Path) -> None:
         assert capd(daemon, "queue", "cancel", dead_job).returncode == 0
         wait_state(daemon, waiting, "dead")
         run.mode.write_text("ok")
-        retried = capd(daemon, "queue", "retry", waiting, "--json")
-        assert json.loads(retried.stdout)["state"] == "pending"
+        before = json.loads(capd(daemon, "queue", "show", waiting, "--json").stdout)
+        retried = json.loads(capd(daemon, "queue", "retry", waiting, "--json").stdout)
+        assert retried["state"] == "pending"
+        # history is kept: created_at stays, the retry is a new entry of the trail
+        assert retried["created_at"] == before["created_at"]
+        assert retried["retried_at"] > before["created_at"]
         wait_state(daemon, waiting, "done")
+        after = json.loads(capd(daemon, "queue", "show", waiting, "--json").stdout)
+        assert after["created_at"] == before["created_at"]
+        assert after["attempts"][0] == before["attempts"][0]  # the enqueue entry, unchanged
+        assert [a["kind"] for a in after["attempts"][:len(before["attempts"])]] == [
+            a["kind"] for a in before["attempts"]]  # appended to, never rewritten
+        assert any(a["kind"] == "operator" and "retry requested (was dead)" in a["detail"]
+                   for a in after["attempts"])
         refused = capd(daemon, "queue", "retry", waiting)
         assert refused.returncode == 1
         assert "only needs_operator, dead, cancelled or partial" in refused.stderr
