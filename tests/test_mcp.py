@@ -233,3 +233,27 @@ async def test_the_brief_tool_set_is_terse_and_the_full_one_is_on_request(
     assert {t.name for t in full} == set(META_TOOLS)
     search = next(t for t in full if t.name == "search_capabilities")
     assert {"tags", "safety", "latency_class"} <= set(search.input_schema["properties"])
+
+
+def test_requests_in_flight_when_stdin_ends_are_answered(start: Start) -> None:
+    """A client that writes its requests and closes stdin (a script, a pipe) gets every
+    answer: a one-second call sent last is answered before the bridge exits."""
+    daemon = start()
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "pipe", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "invoke_capability",
+            "arguments": {"id": "e2e.slow", "arguments": {"seconds": 1}}}},
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "capd", "mcp", "--socket", str(daemon.socket)],
+        input="".join(json.dumps(m) + "\n" for m in messages), capture_output=True, text=True,
+        timeout=60)
+    answers = {m["id"]: m for m in map(json.loads, done.stdout.splitlines()) if "id" in m}
+    assert set(answers) == {1, 2, 3}, done.stdout
+    assert answers[3]["result"]["structuredContent"]["result"] == "slept"
+    assert done.returncode == 0

@@ -72,6 +72,9 @@ class _Lines(asyncio.Protocol):
         self.queue.put_nowait(None)
 
 
+EOF_GRACE_S = 10.0
+"""How long requests in flight when stdin ends may take to be answered."""
+
 _TRACE_FORMS = {"traceparent": re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"),
                 "tracestate": re.compile(r"[\x20-\x7e]{1,512}")}
 """What a client's ``_meta.traceparent`` and ``_meta.tracestate`` may be to be passed on."""
@@ -150,12 +153,19 @@ class StdioServer:
             self._asked.pop(request_id, None)
 
     async def serve(self, lines: asyncio.Queue[bytes | None], write: Any) -> None:
-        """Read messages until stdin ends; answer each request in a task of its own."""
+        """Read messages until stdin ends; answer each request in a task of its own. At the
+        end of stdin (a client that sent its last requests and closed it), the requests in
+        flight are answered first, for :data:`EOF_GRACE_S` at most."""
         self._write = write
         try:
             while (line := await lines.get()) is not None:
                 if line.strip():
                     await self._receive(line)
+            for future in self._asked.values():  # nobody is left to answer a question
+                if not future.done():
+                    future.set_exception(BridgeError("the client has gone"))
+            if self._requests:
+                await asyncio.wait(list(self._requests.values()), timeout=EOF_GRACE_S)
         finally:
             for task in [*self._requests.values(), *([self._watch] if self._watch else [])]:
                 task.cancel()
