@@ -83,6 +83,9 @@ class QueueStats(BaseModel):
 
     by_state: dict[str, int]
     oldest_pending_age_s: float | None
+    oldest_pending: dict[str, Any] | None = None
+    """The oldest job not yet finished (pending or running): its id, capability and
+    ``created_at``."""
     next_due_at: float | None
     path: str
 

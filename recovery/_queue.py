@@ -537,12 +537,16 @@ class RetryQueue:
         by_state = dict.fromkeys(JOB_STATES, 0)
         by_state.update({r["state"]: r["n"] for r in rows})
         oldest = await self._store.read(
-            "SELECT min(created_at) AS c, min(CASE WHEN state = 'pending' THEN next_run_at END)"
-            " AS d FROM jobs WHERE state IN ('pending', 'leased')")
-        created, due = (oldest[0]["c"], oldest[0]["d"]) if oldest else (None, None)
-        return QueueStats(by_state=by_state,
-                          oldest_pending_age_s=None if created is None else self._clock() - created,
-                          next_due_at=due, path=str(self.path))
+            "SELECT id, capability, created_at FROM jobs WHERE state IN ('pending', 'leased')"
+            " ORDER BY created_at LIMIT 1")
+        due = await self._store.read(
+            "SELECT min(next_run_at) AS d FROM jobs WHERE state = 'pending'")
+        created = oldest[0]["created_at"] if oldest else None
+        return QueueStats(
+            by_state=by_state,
+            oldest_pending_age_s=None if created is None else self._clock() - created,
+            oldest_pending=dict(oldest[0]) if oldest else None,
+            next_due_at=due[0]["d"] if due else None, path=str(self.path))
 
     async def next_wake_at(self) -> float | None:
         """When the sweep must next look: the earliest due job or lease deadline."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import socket
 import sys
@@ -17,6 +18,11 @@ from aiohttp import web as aioweb
 from .daemon import DaemonProcess, FlipServer, write_e2e_config
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The CLI prints JSON when its stdout is a pipe, as in every subprocess of these tests; the
+# tests that read its tables ask for them the way an operator's script would. The tests of
+# the piped default itself take the variable out.
+os.environ["CAPD_OUTPUT"] = "table"
 EXAMPLES = ROOT / "examples"
 
 

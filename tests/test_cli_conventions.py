@@ -69,6 +69,46 @@ def test_bash_completion_registers_capd_and_completes_nested_commands() -> None:
     assert lines[1:] == ["queue", "list", "--include-disabled", "--params"]
 
 
+def test_names_complete_from_the_daemon_cached_and_quiet_when_it_is_down(
+        start: Start, tmp_path: Path) -> None:
+    """`capd show <TAB>` offers the daemon's capability names, `capd queue show <TAB>` its job
+    ids, `capd recheck-tool <TAB>` its tools; when the daemon is down the last names known
+    are offered, and with none known nothing is printed, at once and without an error."""
+    import os
+
+    daemon = start()
+    queued = daemon.call("POST", "/call/e2e.flaky", {"text": "w"}).body["queued"]
+    env = {**os.environ, "CAPD_SOCKET": str(daemon.socket), "XDG_CACHE_HOME": str(tmp_path)}
+    command = " ".join(shlex.quote(part) for part in CAPD)
+    script = textwrap.dedent(f"""
+        capd() {{ {command} "$@"; }}   # the script runs `capd __complete`: this capd
+        source <(capd completion bash)
+        reply() {{
+          COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _shtab_capd; echo "${{COMPREPLY[*]}}"
+        }}
+        reply capd show e2e.ec
+        reply capd queue show ''
+        reply capd recheck-tool w
+    """)
+
+    def run() -> list[str]:
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                              timeout=60, env=env, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == ""
+        return done.stdout.splitlines()
+
+    assert run() == ["e2e.echo", queued, "web"]
+    daemon.kill()
+    assert run() == ["e2e.echo", queued, "web"]  # the cache, the daemon being down
+    started = time.monotonic()
+    done = subprocess.run([*CAPD, "__complete", "capabilities"], capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={**env, "XDG_CACHE_HOME": str(tmp_path / "empty")})
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert time.monotonic() - started < 5
+
+
 @pytest.mark.parametrize(("shell", "marker"), [
     ("bash", "_shtab_capd_subparsers="),
     ("zsh", "#compdef capd"),
@@ -143,22 +183,69 @@ def test_search_takes_the_query_as_the_remaining_words(start: Start) -> None:
     assert body["results"][0]["name"] == "e2e.echo"
 
 
-def test_search_prints_a_table_with_a_header_and_scores(start: Start) -> None:
-    """Without --json: a header line, then score (or `exact`), state, name, summary per hit."""
+def test_search_prints_a_table_with_a_header_and_relevance(start: Start) -> None:
+    """In a table: a header line, then relevance in [0, 1] (or `exact`), state, name, summary
+    per hit, even for hits whose fused score is below 0; `-o wide` adds the raw score."""
     daemon = start()
     done = capd("search", "echo", "text", "-k", "2", socket=daemon.socket)
     assert done.returncode == 0, done.stderr
     header, *rows = done.stdout.splitlines()
-    assert header.split() == ["SCORE", "STATE", "CAPABILITY", "SUMMARY"]
+    assert header.split() == ["RELEVANCE", "STATE", "CAPABILITY", "SUMMARY"]
     assert len(rows) == 2
-    score, state, name, *summary = rows[0].split()
-    assert float(score) > 0
+    relevance, state, name, *summary = rows[0].split()
+    assert 0 < float(relevance) <= 1
     assert (state, name) == ("live", "e2e.echo")
     assert " ".join(summary) == "Echo text and the plugin version."
+    every = daemon.call("GET", "/search?q=echo+text&k=8").body["results"]
+    assert any(hit["score"] < 0 for hit in every)  # the raw fused score can be negative...
+    assert all(0 <= hit["relevance"] <= 1 for hit in every)  # ...relevance never is
+    table = capd("search", "echo", "text", "-k", "8", socket=daemon.socket).stdout.splitlines()
+    assert all(0 <= float(row.split()[0]) <= 1 for row in table[1:])
+    wide = capd("search", "echo", "text", "-k", "2", "-o", "wide", socket=daemon.socket)
+    assert wide.stdout.splitlines()[0].split() == [
+        "RELEVANCE", "SCORE", "STATE", "CAPABILITY", "LATENCY", "TAGS", "SUMMARY"]
     exact = capd("search", "e2e.slow", socket=daemon.socket)
     assert exact.stdout.splitlines()[1].split()[:3] == ["exact", "live", "e2e.slow"]
     as_json = capd("search", "echo", "text", "-k", "2", "--json", socket=daemon.socket)
     assert json.loads(as_json.stdout) == daemon.call("GET", "/search?q=echo+text&k=2").body
+
+
+def test_json_when_piped_tables_when_asked_and_columns_aligned(start: Start) -> None:
+    """Piped with nothing asked, an answer is JSON (the HTTP body), a failure's sentence
+    still on stderr; `-o table` aligns every column (the queue's LAST ERROR included);
+    `-o yaml` is the same body; `show` in a table is fields, not JSON."""
+    import os
+
+    import yaml
+
+    daemon = start()
+    for text in ("w", "a longer one"):
+        daemon.call("POST", "/call/e2e.flaky", {"text": text})
+    env = {k: v for k, v in os.environ.items() if k != "CAPD_OUTPUT"}
+
+    def piped(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CAPD, *args, "--socket", str(daemon.socket)],
+                              capture_output=True, text=True, timeout=60, env=env, check=False)
+
+    listed = piped("list")
+    assert json.loads(listed.stdout) == daemon.call("GET", "/capabilities").body
+    missing = piped("show", "e2e.nope")
+    assert missing.returncode == 1
+    assert json.loads(missing.stdout)["status"] == 404
+    assert "unknown capability" in missing.stderr.lower()
+    assert yaml.safe_load(piped("queue", "list", "-o", "yaml").stdout) == daemon.call(
+        "GET", "/queue").body
+    jobs = piped("queue", "list", "-o", "table").stdout.splitlines()
+    assert jobs[0].split() == ["ID", "STATE", "TRIES", "CAPABILITY", "LAST", "ERROR"]
+    start_of = jobs[0].index("LAST ERROR")
+    assert all(row[start_of:].startswith("the backend is busy") for row in jobs[1:])
+    assert jobs[0].index("CAPABILITY") == jobs[1].index("e2e.flaky")
+    shown = piped("show", "e2e.echo", "-o", "table").stdout.splitlines()
+    assert "name: e2e.echo" in shown
+    bad = subprocess.run([*CAPD, "list", "--socket", str(daemon.socket)], capture_output=True,
+                         text=True, timeout=60, env={**env, "CAPD_OUTPUT": "xml"}, check=False)
+    assert bad.returncode == 2
+    assert "CAPD_OUTPUT='xml'" in bad.stderr
 
 
 # ------------------------------------------------------------------ pipes

@@ -183,3 +183,70 @@ def test_install_units_that_cannot_write_exits_1_with_a_sentence(tmp_path: Path)
     assert done.stderr.startswith(f"capd: cannot write {blocker / 'units'}: ")
     assert "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def test_install_units_refuses_a_capd_the_sandbox_hides() -> None:
+    """A capd any user may run but under /tmp (or /home, /root): the service's PrivateTmp
+    (ProtectHome) hides it, so the system install is refused, saying which setting."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="capd-venv-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        (folder / "bin").mkdir(mode=0o755)
+        (folder / "bin" / "capd").symlink_to(PROGRAM)
+        (folder / "bin" / "python").symlink_to(sys.executable)
+        done = subprocess.run([str(folder / "bin" / "python"), "-m", "capd", "install-units"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 1, done.stderr
+        assert "PrivateTmp=yes" in done.stderr
+        assert "hides /tmp" in done.stderr
+        assert not Path("/etc/systemd/system/capd.service").is_symlink()
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_install_units_notify_reload_installs_that_service_as_capd_service(
+        tmp_path: Path) -> None:
+    done = run("install-units", "--notify-reload", "--dest", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    service = (tmp_path / "capd.service").read_text()
+    assert "Type=notify-reload" in service
+    assert f"ExecStart={PROGRAM} serve" in service
+    assert not (tmp_path / "capd-notify-reload.service").exists()
+    user = run("install-units", "--user", "--notify-reload")
+    assert user.returncode == 2
+    assert "--notify-reload is for the system units" in user.stderr
+
+
+def test_install_units_example_copies_the_bundled_example_once(tmp_path: Path) -> None:
+    """--example puts the bundled example where the units read their config (here the
+    per-user one), and never over a capd.toml that is there."""
+    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    done = run("install-units", "--user", "--example", env=env)
+    assert done.returncode == 0, done.stderr
+    target = tmp_path / "capd"
+    assert (target / "capd.toml").read_bytes() == (EXAMPLES / "capd.toml").read_bytes()
+    assert (target / "vault").is_dir()
+    assert f"copied the bundled example to {target}" in done.stderr
+    (target / "capd.toml").write_text("# mine\n")
+    again = run("install-units", "--user", "--example", env=env)
+    assert again.returncode == 0, again.stderr
+    assert (target / "capd.toml").read_text() == "# mine\n"
+    assert "it exists; the example was not copied" in again.stderr
+    both = run("install-units", "--example", "--dest", str(tmp_path / "d"))
+    assert both.returncode == 2
+    assert "not into --dest" in both.stderr
+
+
+def test_check_and_serve_without_a_config_name_the_bundled_example(tmp_path: Path) -> None:
+    """Outside a checkout there is no examples/ folder: the hint names where the package
+    installed the example, a path that exists; check fails as serve does."""
+    for command in ("check", "serve"):
+        done = subprocess.run([*CAPD, command], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path, env={k: v for k, v in os.environ.items()
+                                                 if k != "CAPD_CONFIG"}, check=False)
+        assert done.returncode == 1, done.stderr
+        hinted = done.stderr.split("--config ")[-1].rstrip(")\n")
+        assert Path(hinted).is_absolute()
+        assert Path(hinted).is_file(), hinted

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import secrets
 import tomllib
 from collections.abc import Awaitable, Callable
@@ -271,6 +272,19 @@ class BridgeError(Exception):
 
 INVALID_PARAMS = -32602
 METHOD_NOT_FOUND = -32601
+
+
+_TRACE_FORMS = {"traceparent": re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"),
+                "tracestate": re.compile(r"[\x20-\x7e]{1,512}")}
+
+
+def trace_headers(meta: Any) -> dict[str, str]:
+    """The W3C trace context of an MCP request's ``_meta`` (``traceparent``, ``tracestate``)
+    as headers for the daemon: only well-formed values, nothing else of the client's."""
+    if not isinstance(meta, dict):
+        return {}
+    return {key: value for key, form in _TRACE_FORMS.items()
+            if isinstance(value := meta.get(key), str) and form.fullmatch(value)}
 
 
 class Peer(Protocol):

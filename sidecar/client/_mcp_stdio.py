@@ -30,14 +30,13 @@ import asyncio
 import contextlib
 import itertools
 import os
-import re
 import sys
 from typing import Any
 
 import orjson
 
 from .._paths import capd_version
-from ._mcp import METHOD_NOT_FOUND, Bridge, BridgeError
+from ._mcp import METHOD_NOT_FOUND, Bridge, BridgeError, trace_headers
 
 HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 PARSE_ERROR = -32700
@@ -75,19 +74,12 @@ class _Lines(asyncio.Protocol):
 EOF_GRACE_S = 10.0
 """How long requests in flight when stdin ends may take to be answered."""
 
-_TRACE_FORMS = {"traceparent": re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"),
-                "tracestate": re.compile(r"[\x20-\x7e]{1,512}")}
-"""What a client's ``_meta.traceparent`` and ``_meta.tracestate`` may be to be passed on."""
-
-
 class _StdioPeer:
     """The client of one request, for the bridge: its progress token, its capabilities."""
 
     def __init__(self, server: StdioServer, meta: dict[str, Any]) -> None:
         self._server, self._token = server, meta.get("progressToken")
-        # Only a well-formed W3C context travels as headers (nothing else of the client's).
-        self._trace = {key: value for key, form in _TRACE_FORMS.items()
-                       if isinstance(value := meta.get(key), str) and form.fullmatch(value)}
+        self._trace = trace_headers(meta)
 
     @property
     def answers(self) -> frozenset[str]:

@@ -10,7 +10,7 @@ pretty-JSON rendering is a ``Document``, exact when redirected (``_terminal``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._terminal import Document, echo, one_line
@@ -19,6 +19,86 @@ from ._terminal import Document, echo, one_line
 def _cell(value: Any) -> str:
     """``value`` as text for one row of a table: on one line, nothing raw in it."""
     return one_line(str(value))
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]],
+          right: frozenset[int] = frozenset()) -> str:
+    """Aligned columns: ``header``, then each row, every value a :func:`_cell`; the columns
+    numbered in ``right`` aligned right, the last never padded."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(header)]
+    lines = []
+    for row in [list(header), *cells]:
+        parts = [(value.rjust(widths[i]) if i in right else value.ljust(widths[i]))
+                 if i < len(row) - 1 or i in right else value
+                 for i, value in enumerate(row)]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _text(key: str, value: Any) -> str:
+    """A scalar for reading: a time (a key ending in ``_at`` or ``since``) as local time."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float) and (key.endswith("_at") or key in ("since", "expires")) \
+            and value > 1e9:
+        import time
+
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return _cell(value)
+
+
+def render_fields(body: Any) -> str:
+    """Any JSON body for reading (``describe``-style): ``key: value`` lines, nested objects
+    indented, lists of scalars joined, lists of flat objects as aligned tables."""
+    lines: list[str] = []
+    _fields(body, 0, lines)
+    return "\n".join(lines) or "(nothing)"
+
+
+def _fields(value: Any, depth: int, lines: list[str], key: str = "") -> None:
+    pad = "  " * depth
+    label = f"{pad}{_cell(key)}:" if key else ""
+    if _scalar(value):
+        lines.append(f"{label} {_text(key, value)}" if key else f"{pad}{_text(key, value)}")
+    elif isinstance(value, dict):
+        if not value:
+            lines.append(f"{label} (none)" if key else f"{pad}(none)")
+            return
+        if key:
+            lines.append(label)
+        for name, item in value.items():
+            _fields(item, depth + 1 if key else depth, lines, str(name))
+    elif isinstance(value, list):
+        if all(_scalar(v) for v in value):
+            joined = ", ".join(_text(key, v) for v in value) or "(none)"
+            lines.append(f"{label} {joined}" if key else f"{pad}{joined}")
+        elif all(isinstance(v, dict) and all(_scalar(x) for x in v.values()) for v in value):
+            header = list(dict.fromkeys(k for v in value for k in v))
+            if key:
+                lines.append(label)
+            rows = [[_text(k, v.get(k)) for k in header] for v in value]
+            lines += [f"{pad}  {line}" for line in
+                      table([h.upper() for h in header], rows).splitlines()]
+        else:
+            if key:
+                lines.append(label)
+            for item in value:
+                start = len(lines)
+                _fields(item, depth + 1, lines)
+                if len(lines) > start:
+                    first = lines[start]
+                    lines[start] = f"{pad}- {first.lstrip()}"
+    else:
+        lines.append(f"{label} {_cell(value)}")
 
 
 def render_json(body: Any) -> Document:
@@ -37,14 +117,16 @@ def render_health(body: Any) -> str:
     return "\n".join(lines)
 
 
-def render_list(body: Any) -> str:
-    """A table of capsules."""
-    rows = [(_cell(c["state"]), _cell(c["name"]), _cell(c["summary"]))
-            for c in body["capabilities"]]
-    width = max((len(name) for _, name, _ in rows), default=10)
-    lines = [f"{'STATE':<9} {'CAPABILITY':<{width}} SUMMARY"]
-    lines += [f"{state:<9} {name:<{width}} {summary}" for state, name, summary in rows]
-    return "\n".join(lines)
+def render_list(body: Any, *, wide: bool = False) -> str:
+    """A table of capsules (``wide``: their latency class, tags and aliases too)."""
+    caps = body["capabilities"]
+    if wide:
+        return table(("STATE", "CAPABILITY", "LATENCY", "TAGS", "ALIASES", "SUMMARY"), [
+            (c["state"], c["name"], c.get("latency_class") or "-",
+             ",".join(c.get("tags", [])) or "-", ",".join(c.get("aliases", [])) or "-",
+             c["summary"]) for c in caps])
+    return table(("STATE", "CAPABILITY", "SUMMARY"),
+                 [(c["state"], c["name"], c["summary"]) for c in caps])
 
 
 def render_call(body: Any) -> str:
@@ -60,34 +142,49 @@ def render_call(body: Any) -> str:
     return text
 
 
-def render_jobs(body: Any) -> str:
-    """A table of retry jobs."""
-    lines = [f"{'ID':<32}  {'STATE':<14} {'TRIES':>5}  CAPABILITY  LAST ERROR"]
-    for job in body["jobs"]:
-        lines.append(f"{_cell(job['id']):<32}  {_cell(job['state']):<14} "
-                     f"{job['attempts']:>2}/{job['max_attempts']:<2}  {_cell(job['capability'])}  "
-                     f"{_cell(job.get('last_error') or '')}")
-    return "\n".join(lines)
+def render_jobs(body: Any, *, wide: bool = False) -> str:
+    """A table of retry jobs (``wide``: their policy, when accepted and when due too)."""
+    jobs = body["jobs"]
+    if not jobs:
+        return "no job"
+    if wide:
+        return table(("ID", "STATE", "TRIES", "POLICY", "CAPABILITY", "CREATED", "NEXT RUN",
+                      "LAST ERROR"), [
+            (j["id"], j["state"], f"{j['attempts']}/{j['max_attempts']}", j.get("policy", "-"),
+             j["capability"], _text("created_at", j.get("created_at")),
+             _text("next_run_at", j.get("next_run_at")), j.get("last_error") or "")
+            for j in jobs], right=frozenset({2}))
+    return table(("ID", "STATE", "TRIES", "CAPABILITY", "LAST ERROR"), [
+        (j["id"], j["state"], f"{j['attempts']}/{j['max_attempts']}", j["capability"],
+         j.get("last_error") or "") for j in jobs], right=frozenset({2}))
 
 
-def render_search(body: Any) -> str:
-    """A table of hits, best first: score (or ``exact``), state, name, summary."""
+def render_search(body: Any, *, wide: bool = False) -> str:
+    """A table of hits, best first: relevance in [0, 1] (or ``exact``), state, name, summary
+    (``wide``: the raw fused score, latency class and tags too)."""
     hits = body["results"]
     if not hits:
         return "no capability matches"
-    width = max(len(_cell(h["name"])) for h in hits)
-    lines = [f"{'SCORE':>6}  {'STATE':<9} {'CAPABILITY':<{width}} SUMMARY"]
+    rows: list[tuple[Any, ...]] = []
     for hit in hits:
-        score = "exact" if hit.get("exact") or hit.get("score") is None else f"{hit['score']:.2f}"
+        exact = hit.get("exact") or hit.get("score") is None
+        relevance = "exact" if exact else f"{hit.get('relevance', 0.0):.2f}"
         summary = _cell(hit["summary"])
         if hit.get("disabled"):
             summary += f" (missing: {', '.join(_cell(t) for t in hit['disabled']['missing'])})"
             hints = hit["disabled"].get("install_hints") or {}
             summary += "".join(f" (install {_cell(tool)}: {_cell(hint)})"
                                for tool, hint in hints.items())
-        lines.append(f"{score:>6}  {_cell(hit['state']):<9} {_cell(hit['name']):<{width}} "
-                     f"{summary}")
-    return "\n".join(lines)
+        if wide:
+            rows.append((relevance, "-" if exact else f"{hit['score']:.4f}", hit["state"],
+                         hit["name"], hit.get("latency_class") or "-",
+                         ",".join(hit.get("tags", [])) or "-", summary))
+        else:
+            rows.append((relevance, hit["state"], hit["name"], summary))
+    if wide:
+        return table(("RELEVANCE", "SCORE", "STATE", "CAPABILITY", "LATENCY", "TAGS",
+                      "SUMMARY"), rows, right=frozenset({0, 1}))
+    return table(("RELEVANCE", "STATE", "CAPABILITY", "SUMMARY"), rows, right=frozenset({0}))
 
 
 def render_agents(body: Any) -> str:
@@ -95,10 +192,8 @@ def render_agents(body: Any) -> str:
     agents = body["agents"]
     if not agents:
         return "no agent is declared; add [agents.NAME] to capd.toml"
-    width = max([len("AGENT"), *(len(_cell(a["agent"])) for a in agents)])
-    lines = [f"{'AGENT':<{width}}  CAPABILITIES"]
-    lines += [f"{_cell(a['agent']):<{width}}  {', '.join(_cell(c) for c in a['capabilities'])}"
-              for a in agents]
+    lines = table(("AGENT", "CAPABILITIES"),
+                  [(a["agent"], ", ".join(a["capabilities"])) for a in agents]).splitlines()
     for injection in body.get("injections", []):
         why = f"  ({_cell(injection['why'])})" if injection.get("why") else ""
         added = ", ".join(_cell(name) for name in injection["add"])
@@ -120,10 +215,9 @@ def render_agent(body: Any) -> str:
 def render_topologies(body: Any) -> str:
     """A table of topologies: id, roles, instances, title; then what could not be read."""
     tops = body["topologies"]
-    width = max([len("TOPOLOGY"), *(len(_cell(t["id"])) for t in tops)])
-    lines = [f"{'TOPOLOGY':<{width}}  INSTANCES  TITLE"]
-    lines += [f"{_cell(t['id']):<{width}}  {t['instances']:>9}  {_cell(t['title'])}"
-              for t in tops]
+    lines = table(("TOPOLOGY", "INSTANCES", "TITLE"),
+                  [(t["id"], t["instances"], t["title"]) for t in tops],
+                  right=frozenset({1})).splitlines()
     lines += [f"error: {_cell(e['message'])}" for e in body.get("errors", [])]
     return "\n".join(lines)
 
@@ -229,17 +323,14 @@ def render_token(body: Any) -> str:
 
 def render_tokens(body: Any) -> str:
     """A table of tokens."""
-    rows = [(_cell(t["name"]), _cell(t["id"]), _cell(t["state"]),
-             _cell(t.get("profile") or "") + ("" if not t.get("allow")
-                                              else f" allow:{len(t['allow'])}"))
-            for t in body["tokens"]]
-    width = max((len(r[0]) for r in rows), default=4)
-    lines = [f"{'NAME':<{width}} {'ID':<12} {'STATE':<8} REACH"]
-    lines += [f"{n:<{width}} {i:<12} {s:<8} {r}" for n, i, s, r in rows]
-    return "\n".join(lines)
+    return table(("NAME", "ID", "STATE", "REACH"), [
+        (t["name"], t["id"], t["state"],
+         (t.get("profile") or "") + ("" if not t.get("allow") else f" allow:{len(t['allow'])}"))
+        for t in body["tokens"]])
 
 
 RENDERERS: dict[str, Callable[[Any], str]] = {
+    "fields": render_fields,
     "token": render_token,
     "tokens": render_tokens,
     "offers": render_offers,
@@ -257,4 +348,12 @@ RENDERERS: dict[str, Callable[[Any], str]] = {
     "topologies": render_topologies,
     "validation": render_validation,
 }
-"""How the CLI prints an answer, by the name an operator-table row gives."""
+"""How the CLI prints an answer, by the name an operator-table row gives (``json``: a
+body read as it is, printed as fields on a terminal)."""
+
+WIDE: dict[str, Callable[[Any], str]] = {
+    "list": lambda body: render_list(body, wide=True),
+    "jobs": lambda body: render_jobs(body, wide=True),
+    "search": lambda body: render_search(body, wide=True),
+}
+"""``-o wide``: the renderers with more columns; the others print as ``-o table``."""

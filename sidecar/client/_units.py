@@ -4,8 +4,9 @@ The wheel carries ``systemd/`` (the checkout's folder, linked into the ``capd``
 package) so that an operator who installed capd from an index has the same
 units the README describes. Three sets:
 
-- system (the default): ``capd.service`` and ``capd.socket`` for
-  ``/etc/systemd/system``, the sysusers.d entry for ``/etc/sysusers.d``;
+- system (the default): ``capd.service`` (``--notify-reload``: the ``Type=notify-reload``
+  one, systemd >= 253) and ``capd.socket`` for ``/etc/systemd/system``, the sysusers.d
+  entry for ``/etc/sysusers.d``;
 - ``--user``: the per-user units for ``~/.config/systemd/user``;
 - ``--launchd`` (the default on macOS): the LaunchAgent for
   ``~/Library/LaunchAgents``, its ``/Users/USERNAME`` replaced by the home folder.
@@ -76,10 +77,47 @@ def unusable_by_others(program: Path) -> Path | None:
     return None
 
 
+HIDDEN_FROM_SERVICE = ("/tmp", "/var/tmp", "/home", "/root", "/run/user")
+"""Folders the system unit's sandbox hides from the service (``PrivateTmp=yes``,
+``ProtectHome=yes``): a capd installed under one cannot start as the service."""
+
+
+def hidden_from_service(program: Path) -> str | None:
+    """Why the system service could not run ``program`` (a folder its sandbox hides),
+    else None."""
+    for folder in HIDDEN_FROM_SERVICE:
+        if program == Path(folder) or Path(folder) in program.parents:
+            setting = "PrivateTmp=yes" if folder.endswith("tmp") else "ProtectHome=yes"
+            return f"the service's sandbox ({setting}) hides {folder}"
+    return None
+
+
+def example_config_target(*, user: bool) -> Path:
+    """Where ``--example`` copies the bundled example: /etc/capd, or
+    ``~/.config/capd`` for the per-user units."""
+    return _config_home() / "capd" if user else Path("/etc/capd")
+
+
+def copy_example(target: Path) -> bool:
+    """Copy the bundled example (config, declarations, the notes pack, its vault) into
+    ``target``; False, copying nothing, when ``target`` already has a ``capd.toml``."""
+    import shutil
+    from importlib.resources import as_file
+
+    if (target / "capd.toml").exists():
+        return False
+    with as_file(files("capd") / "examples") as source:
+        shutil.copytree(source, target, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return True
+
+
 def unit_set(*, user: bool, launchd: bool, dest: Path | None,
-             program: Path | None = None) -> UnitSet:
+             program: Path | None = None, notify_reload: bool = False) -> UnitSet:
     """The files for a system, ``user`` or ``launchd`` install, under ``dest`` when given,
-    each naming ``program`` as the capd to run (the packaged path when None).
+    each naming ``program`` as the capd to run (the packaged path when None);
+    ``notify_reload`` installs the ``Type=notify-reload`` service (systemd >= 253) as
+    ``capd.service``.
 
     Raises :class:`FileNotFoundError` when the package lacks its ``systemd/`` data.
     """
@@ -100,7 +138,8 @@ def unit_set(*, user: bool, launchd: bool, dest: Path | None,
                 "systemctl --user enable --now capd.socket capd.service")
     else:
         folder = Path("/etc/systemd/system")
-        sources = [("capd.service", folder / "capd.service"),
+        service = "capd-notify-reload.service" if notify_reload else "capd.service"
+        sources = [(service, folder / "capd.service"),
                    ("capd.socket", folder / "capd.socket"),
                    ("capd.sysusers.conf", Path("/etc/sysusers.d/capd.conf"))]
         step = ("systemd-sysusers && systemctl daemon-reload && "

@@ -37,7 +37,7 @@ from .._paths import DEFAULT_CONFIG_ENV, capd_version, default_socket_path
 from .._table import COMMANDS, OperatorCommand
 from ._client import request
 from ._completion import SHELLS
-from ._render import RENDERERS, describe_failure
+from ._render import RENDERERS, WIDE, describe_failure
 from ._terminal import Document, echo
 
 if TYPE_CHECKING:  # the bridge's module loads the MCP SDK: only `capd mcp` needs it
@@ -63,12 +63,16 @@ PATH_PARAM_HELP = {"name": "a capability's name or alias", "tool": "a tool id fr
                    "question": "the question's id in that call",
                    "token": "a token's name or id (capd token list)"}
 
-LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config", "completion", "install-units")
+PATH_PARAM_NAMES = {"name": "capabilities", "tool": "tools", "id": "jobs"}
+"""The path parameters whose values complete from the daemon (``_completion.NAME_KINDS``)."""
+
+LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config", "completion", "install-units", "top")
 
 LOCAL_EXAMPLES: dict[str, tuple[str, ...]] = {
-    "serve": ("capd serve --config examples/capd.toml",
+    "serve": ("capd serve --config examples/capd.toml   # in a checkout (the wheel's: see "
+              "capd serve with no config)",
               "capd serve --config /etc/capd/capd.toml --log-format json --log-level debug"),
-    "check": ("capd check --config examples/capd.toml",
+    "check": ("capd check --config examples/capd.toml   # in a checkout",
               "capd check --strict --json   # exit 1 on any declaration error, for CI"),
     "mcp": ("capd mcp   # what an MCP client launches; see capd mcp-config",
             "capd mcp --profile writer.toml --expose direct --tag notes",
@@ -81,9 +85,15 @@ LOCAL_EXAMPLES: dict[str, tuple[str, ...]] = {
     "install-units": ("capd install-units --print   # read them first",
                       "sudo capd install-units   # /etc/systemd/system, /etc/sysusers.d",
                       "capd install-units --user   # ~/.config/systemd/user",
-                      "capd install-units --dest pkg/usr/lib/systemd/system   # packaging"),
+                      "capd install-units --example   # and the example in /etc/capd",
+                      "capd install-units --dest pkg/units   # packaging"),
+    "top": ("capd top   # q quits", "capd top --interval 5 --socket /run/capd/capd.sock"),
 }
 """Examples for the local commands' --help; the table's rows carry their own."""
+
+
+OUTPUTS = ("table", "wide", "json", "yaml")
+"""What ``-o`` takes (kubectl's words)."""
 
 
 class UsageError(Exception):
@@ -119,23 +129,55 @@ def _add_command(
 # ----------------------------------------------------------------- local commands
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    """``capd top``: the live view, until q (or Ctrl-C)."""
+    from ._top import run_top  # curses: only for this command
+
+    if args.interval <= 0:
+        raise UsageError(f"--interval {args.interval:g}: give a number of seconds above 0")
+    return run_top(_socket_path(args.socket), args.interval)
+
+
+def bundled_example() -> str:
+    """The bundled example's capd.toml as a path to type here: relative inside a
+    checkout (``examples/capd.toml``), else where the package installed it."""
+    from importlib.resources import files
+
+    path = Path(str(files("capd") / "examples" / "capd.toml"))
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _no_config() -> str:
+    return ("no config found: pass --config PATH, set CAPD_CONFIG, or run in a folder holding "
+            f"capd.toml (the bundled example: --config {bundled_example()})")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Build the registry once and print live and disabled capabilities."""
-    from ..server import load_config
+    from ..server import load_config, run_daemon
 
-    loaded = load_config(_config_path(args.config))
+    config_path = _config_path(args.config)
+    if config_path is None:  # nothing to check is not a pass
+        raise ConfigError(_no_config())
+    loaded = load_config(config_path)
     for variable in loaded.unknown_env:
         echo(f"capd: warning: {variable.sentence()}", err=True)
-    loaded.seed()  # what the daemon would find at its start
+    for path in loaded.seed():  # what the daemon would find at its start
+        echo(f"capd: seeded {path} (as the daemon's first start would)", err=True)
     from capd.registry import build  # the model and the build: only for check
 
     from .._views import check_report, render_check_table
 
-    registry = asyncio.run(build(loaded.build_config()))
+    # under the daemon's own loop (uvloop), so that a probe's failure reads as it will there
+    registry = run_daemon(build(loaded.build_config()))
     report = check_report(registry.snapshot())
     report["not_on_host"] = dict(registry.not_on_host)
-    if args.json:
-        print(json.dumps(report, indent=2))
+    output, _asked = output_format(args)
+    if output in ("json", "yaml"):
+        print_data(report, output)
     else:
         echo(render_check_table(report))
     if args.strict and (report["errors"] or report["warnings"]):
@@ -157,9 +199,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sys.dont_write_bytecode = True
     config_path = _config_path(args.config)
     if config_path is None:  # a daemon with no capabilities is a mistake, not a default
-        raise ConfigError(
-            "no config found: pass --config PATH, set CAPD_CONFIG, or run in a folder holding "
-            "capd.toml (the bundled example: --config examples/capd.toml)")
+        raise ConfigError(_no_config())
     loaded = load_config(config_path)
     for variable in loaded.unknown_env:
         log.warning("unknown_environment_variable", variable=variable.name,
@@ -271,7 +311,16 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 def cmd_install_units(args: argparse.Namespace) -> int:
     """Print the packaged service files, or write them where the service manager reads them."""
-    from ._units import render_units, running_capd, unit_set, unusable_by_others, write_units
+    from ._units import (
+        copy_example,
+        example_config_target,
+        hidden_from_service,
+        render_units,
+        running_capd,
+        unit_set,
+        unusable_by_others,
+        write_units,
+    )
 
     dest = Path(args.dest) if args.dest else None
     program = running_capd()
@@ -279,14 +328,23 @@ def cmd_install_units(args: argparse.Namespace) -> int:
         raise UsageError("cannot tell which capd program this is (run the capd script, not "
                          "python -m capd, so the units can name it)")
     system = not (args.user or args.launchd)
-    blocked = unusable_by_others(program) if system and not args.print and not dest else None
-    if blocked is not None:
-        echo(f"capd: the service user cannot run {program}: {blocked} is closed to other "
-             "users. Install capd where every user can run it (python3 -m venv /opt/capd && "
-             "/opt/capd/bin/pip install capd), then run /opt/capd/bin/capd install-units",
-             err=True)
-        return EXIT_FAILED
-    units = unit_set(user=args.user, launchd=args.launchd, dest=dest, program=program)
+    if args.example and dest is not None:
+        raise UsageError("--example copies into /etc/capd (or ~/.config/capd), not into "
+                         "--dest; leave one of them out")
+    if args.notify_reload and not system:
+        raise UsageError("--notify-reload is for the system units (not with --user or "
+                         "--launchd)")
+    if system and not args.print and not dest:
+        blocked = unusable_by_others(program)
+        why = (f"{blocked} is closed to other users" if blocked is not None
+               else hidden_from_service(program))
+        if why is not None:
+            echo(f"capd: the service cannot run {program}: {why}. Install capd where the "
+                 "service can run it (python3 -m venv /opt/capd && /opt/capd/bin/pip install "
+                 "/path/to/capd), then run /opt/capd/bin/capd install-units", err=True)
+            return EXIT_FAILED
+    units = unit_set(user=args.user, launchd=args.launchd, dest=dest, program=program,
+                     notify_reload=args.notify_reload)
     if args.print:
         echo(Document(render_units(units)), end="")
         return EXIT_OK
@@ -298,6 +356,16 @@ def cmd_install_units(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     for path in written:
         echo(f"wrote {path}", err=True)
+    if args.example:
+        target = example_config_target(user=not system)
+        try:
+            copied = copy_example(target)
+        except OSError as exc:
+            echo(f"capd: cannot copy the example to {target}: {exc}", err=True)
+            return EXIT_FAILED
+        echo(f"copied the bundled example to {target} (edit {target / 'capd.toml'})"
+             if copied else f"kept {target / 'capd.toml'}: it exists; the example was not "
+             "copied", err=True)
     if dest is None:
         echo(f"next: {units.next_step}", err=True)
     return EXIT_OK
@@ -365,21 +433,23 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
                        headers=headers or None)
     ok = 200 <= response.status < 300
     problem = response.content_type.startswith("application/problem+json")
+    output, asked = output_format(args)
+    failed = problem or not (ok or row.id in STATUS_REPORTS)
     if isinstance(response.body, str):  # a text body (metrics, TOML): a format, as it came
         echo(Document(response.body), end="" if response.body.endswith("\n") else "\n")
-    elif args.json or args.output == "json":
-        print(json.dumps(response.body, indent=2))
-    elif args.output == "yaml":
-        import yaml  # only for -o yaml
-
-        print(yaml.safe_dump(response.body, sort_keys=False, allow_unicode=True), end="")
-    elif problem or not (ok or row.id in STATUS_REPORTS):
+    elif output in ("json", "yaml"):
+        print_data(response.body, output)
+        if failed and not asked:  # JSON because piped: the reason still reaches a person
+            echo(f"capd: {describe_failure(' '.join(row.cli), response.body)}", err=True)
+    elif failed:
         echo(f"capd: {describe_failure(' '.join(row.cli), response.body)}", err=True)
     elif not row.json_mode:
         echo(str(response.body.get("status") if isinstance(response.body, dict)
                  else response.body))
     else:
-        echo(RENDERERS[row.render](response.body))
+        wide = WIDE.get(row.render) if output == "wide" else None
+        echo((wide or RENDERERS["fields" if row.render == "json" else row.render])(
+            response.body))
         if row.id == "call" and isinstance(response.body, dict):
             _save_blocks(response.body, getattr(args, "output_dir", None))
         elif row.id == "resource-read" and isinstance(response.body, dict):
@@ -390,6 +460,32 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
     if row.id == "call" and isinstance(response.body, dict) and response.body.get("queued"):
         return _queued(args, str(response.body["queued"]))
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def output_format(args: argparse.Namespace) -> tuple[str, bool]:
+    """How to print an answer, and whether it was asked for: ``-o``, else ``--json``, else
+    ``$CAPD_OUTPUT``, else a table on a terminal and JSON when stdout is piped or
+    redirected."""
+    if getattr(args, "output", None):
+        return str(args.output), True
+    if getattr(args, "json", False):
+        return "json", True
+    chosen = os.environ.get("CAPD_OUTPUT")
+    if chosen:
+        if chosen not in OUTPUTS:
+            raise UsageError(f"CAPD_OUTPUT={chosen!r}: give one of {', '.join(OUTPUTS)}")
+        return chosen, True
+    return ("table" if sys.stdout.isatty() else "json"), False
+
+
+def print_data(body: Any, output: str) -> None:
+    """``body`` as JSON (indented) or YAML on stdout."""
+    if output == "yaml":
+        import yaml  # only for -o yaml
+
+        print(yaml.safe_dump(body, sort_keys=False, allow_unicode=True), end="")
+    else:
+        print(json.dumps(body, indent=2))
 
 
 def _queued(args: argparse.Namespace, job: str) -> int:
@@ -488,7 +584,9 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             parent = groups[prefix]
         parser = _add_command(parent, row.cli[-1], row.summary, row.examples)
         for name in row.path_params:
-            parser.add_argument(name, metavar=name.upper(), help=PATH_PARAM_HELP.get(name))
+            action = parser.add_argument(name, metavar=name.upper(),
+                                         help=PATH_PARAM_HELP.get(name))
+            action.capd_names = PATH_PARAM_NAMES.get(name)  # type: ignore[attr-defined]
         for option in row.options:
             if option.positional:
                 nargs = "*" if option.rest else "?" if option.optional else None
@@ -502,16 +600,20 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                 parser.add_argument(*option.flags, dest=option.dest, action="append",
                                     metavar=option.dest.upper(), help=option.help)
             else:
-                parser.add_argument(*option.flags, dest=option.dest, help=option.help,
-                                    choices=option.choices)
+                action = parser.add_argument(*option.flags, dest=option.dest, help=option.help,
+                                             choices=option.choices)
+                if option.dest == "profile":  # a [profiles.NAME] of capd.toml
+                    action.capd_names = "profiles"  # type: ignore[attr-defined]
         if row.takes_params:
             parser.add_argument("--params", metavar="JSON", help="parameters as one JSON object")
             parser.add_argument("-p", dest="param", action="append", metavar="KEY=VALUE",
                                 help="one parameter: key=value (string) or key:=json; repeatable")
-        parser.add_argument("--json", action="store_true", help="print the HTTP body as JSON")
-        parser.add_argument("-o", "--output", choices=("table", "json", "yaml"),
-                            help="how to print the answer: table (for reading, the default), "
-                            "json (as --json) or yaml")
+        parser.add_argument("--json", action="store_true", help="print the HTTP body as JSON "
+                            "(as -o json)")
+        parser.add_argument("-o", "--output", choices=OUTPUTS,
+                            help="how to print the answer: table (for reading; the default on "
+                            "a terminal), wide (a table with more columns), json (the default "
+                            "when piped) or yaml")
         parser.add_argument("--socket", help="daemon socket (default: $CAPD_SOCKET or "
                             f"{default_socket_path()})")
         parser.set_defaults(handler=lambda a, row=row: run_table_command(row, a), row=row.id)
@@ -582,7 +684,10 @@ def make_parser() -> argparse.ArgumentParser:
     check = _add_command(sub, "check", "Build the registry once and print what is live.",
                          LOCAL_EXAMPLES["check"])
     check.add_argument("--config", help="capd.toml (default: $CAPD_CONFIG or ./capd.toml)")
-    check.add_argument("--json", action="store_true", help="print JSON")
+    check.add_argument("--json", action="store_true", help="print JSON (as -o json)")
+    check.add_argument("-o", "--output", choices=OUTPUTS,
+                       help="table (the default on a terminal), json (the default when "
+                       "piped) or yaml; wide is table here")
     check.add_argument(
         "--strict", action="store_true", help="exit 1 when any declaration has an error"
     )
@@ -624,8 +729,24 @@ def make_parser() -> argparse.ArgumentParser:
                        help="the per-user units, for ~/.config/systemd/user")
     units.add_argument("--launchd", action="store_true", default=sys.platform == "darwin",
                        help="the macOS LaunchAgent (the default on macOS)")
-    units.add_argument("--dest", metavar="DIR", help="write every file into DIR instead")
+    units.add_argument("--dest", metavar="DIR", help="write every file of the set into DIR "
+                       "instead (units and the sysusers.d entry, capd.conf, side by side: a "
+                       "package build moves each where it goes)")
+    units.add_argument("--notify-reload", action="store_true",
+                       help="install the Type=notify-reload service as capd.service "
+                       "(systemd >= 253)")
+    units.add_argument("--example", action="store_true",
+                       help="also copy the bundled example to /etc/capd (--user: "
+                       "~/.config/capd), unless a capd.toml is there")
     units.set_defaults(handler=cmd_install_units)
+
+    top = _add_command(sub, "top", "A live view of the daemon: capabilities, upstream servers, "
+                       "calls, the queue, recent refusals; q quits.", LOCAL_EXAMPLES["top"])
+    top.add_argument("--socket", help="daemon socket (default: $CAPD_SOCKET or "
+                     f"{default_socket_path()})")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                     help="seconds between refreshes (default: 1)")
+    top.set_defaults(handler=cmd_top)
 
     _add_table_commands(sub)
     _ROOT[:] = [parser]
@@ -652,8 +773,24 @@ def _run(argv: Sequence[str] | None) -> int:
     return code
 
 
+def _complete(args: Sequence[str]) -> int:
+    """``capd __complete KIND [--socket PATH]``: names for the shell's completion, one a
+    line; nothing (and exit 0) when the daemon is down. Not a command for people."""
+    from ._completion import NAME_KINDS, complete_names
+
+    if not args or args[0] not in NAME_KINDS:
+        return EXIT_USAGE
+    socket = args[2] if len(args) > 2 and args[1] == "--socket" else None
+    for name in complete_names(args[0], _socket_path(socket)):
+        print(name)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``capd``; return the exit status (0 ok, 1 failed, 2 usage, 130 and 141 stopped)."""
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["__complete"]:  # the completion script's, kept out of the parser
+        return _complete(arguments[1:])
     try:
         code = _run(argv)
         sys.stdout.flush()

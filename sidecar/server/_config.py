@@ -44,7 +44,8 @@ ENV_PREFIX = "CAPD_"
 
 # CAPD_* variables read by something other than the settings: the config path
 # (sidecar/_paths.py) and the test suite's knobs (tests/test_crash.py, test_schema.py).
-_ENV_READ_ELSEWHERE = frozenset({"CAPD_CONFIG", "CAPD_CRASH_KILLS", "CAPD_UPDATE_GOLDEN"})
+_ENV_READ_ELSEWHERE = frozenset({"CAPD_CONFIG", "CAPD_OUTPUT", "CAPD_CRASH_KILLS",
+                                 "CAPD_UPDATE_GOLDEN"})
 
 # An agent's name is a URL path segment (/agents/NAME) and part of an MCP server's name.
 _AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")

@@ -19,7 +19,7 @@ import os
 import resource
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -57,7 +57,7 @@ from ._http import HttpServer
 from ._loops import LoopDetector, LoopPolicy
 from ._metrics import Metrics
 from ._peers import RateLimiter
-from ._policy import NamedHook, Policy
+from ._policy import RECENT, NamedHook, Policy
 from ._queueing import QueueSink
 from ._reload import Reloader
 from ._socket import bind_unix_socket, remove_socket, socket_inode
@@ -92,6 +92,9 @@ def raise_fd_limit(wanted: int) -> int:
             return soft
         return target
     return soft
+
+
+_T = TypeVar("_T")
 
 
 class Daemon:
@@ -144,7 +147,8 @@ class Daemon:
         # again at each reload; until then, nothing is configured (and nothing is served).
         self.consent: ConsentStore | None = None
         self.policy_decisions: Counter[tuple[str, str]] = Counter()
-        self.policy = Policy(decisions=self.policy_decisions)
+        self.policy_recent: deque[dict[str, Any]] = deque(maxlen=RECENT)  # across reloads
+        self.policy = Policy(decisions=self.policy_decisions, recent=self.policy_recent)
         self._next_policy: Policy | None = None
         self.gateway = Gateway(lambda: self.registry, self.rechecker, policy=lambda: self.policy,
                                executor=self.op_executor, hook_executor=self.user_executor,
@@ -372,7 +376,7 @@ class Daemon:
             before=[resolve(name, "before") for name in policy.before],
             after=[resolve(name, "after") for name in policy.after],
             hook_timeout_s=config.hook_timeout_s, hook_executor=self.user_executor,
-            decisions=self.policy_decisions)
+            decisions=self.policy_decisions, recent=self.policy_recent)
 
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats:
         """The queue's counts, read at most once per ``max_age_s``: health stays cheap under load.
@@ -597,8 +601,8 @@ class Daemon:
         self.user_executor.shutdown(wait=False, cancel_futures=True)
 
 
-def run_daemon(coro: Coroutine[Any, Any, int]) -> int:
-    """Run ``coro`` under uvloop when available."""
+def run_daemon(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` under uvloop when available (the daemon; ``capd check``'s build)."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX

@@ -340,6 +340,7 @@ async def search(ctx: Context) -> Reply:
     for hit in ranking.hits:
         item: dict[str, Any] = {**capsule(hit.capability, live=hit.capability.name in live),
                                 "score": None if hit.exact else round(hit.score, 4),
+                                "relevance": 1.0 if hit.exact else _relevance(hit.score),
                                 "exact": hit.exact}
         if snap is not None and hit.capability.name in snap.disabled:
             item["disabled"] = disabled_view(snap.disabled[hit.capability.name], snap)
@@ -479,6 +480,13 @@ async def call_many(ctx: Context) -> Reply:
 
     results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
     return Reply(200, {"results": results})
+
+
+def _relevance(score: float) -> float:
+    """A search score as relevance in [0, 1]: the fused score (1 = best on both rankers;
+    below 0 when its meaning is further from the query than the catalogue's mean) clipped,
+    to two places."""
+    return round(min(1.0, max(0.0, score)), 2)
 
 
 def _timeout_header(ctx: Context) -> float | None:
@@ -664,6 +672,7 @@ async def status(ctx: Context) -> Reply:
                   if d.queue is not None else None),
         "event_loop_lag_s": round(d.loop_lag_s, 6),
         "mcp": {"operator_tools": list(d.operator_tools)},
+        "policy": {"profiles": list(d.policy.profile_names), "recent": list(d.policy.recent)},
     }
     return Reply(200, body)
 

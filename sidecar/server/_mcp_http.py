@@ -288,6 +288,11 @@ class _SdkPeer:
         declared = getattr(ctx.session, "client_capabilities", None)
         self.answers = frozenset(k for k in ("sampling", "elicitation")
                                  if declared is not None and getattr(declared, k, None))
+        from capd.sidecar.client._mcp import trace_headers
+
+        meta: Any = getattr(ctx, "meta", None)  # the request's _meta, a model with extras
+        dump = getattr(meta, "model_dump", None)
+        self.trace = trace_headers(dump() if callable(dump) else meta)
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         await self._ctx.session.report_progress(progress, total, message)

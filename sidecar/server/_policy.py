@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import inspect
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ from ._loops import LoopDetector, LoopPolicy
 from ._services import Caller
 
 log = structlog.get_logger("capd.policy")
+
+RECENT = 50
+"""How many recent refusals (and other decisions that are not a plain allow) are kept for
+``/status`` and ``capd top``."""
 
 HookFunc = Callable[..., Any]
 
@@ -75,6 +80,8 @@ class Policy:
     hook_timeout_s: float = 5.0
     hook_executor: Executor | None = None
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    """The last :data:`RECENT` decisions that were not a plain allow, newest last."""
     # capability name -> the hooks that apply, in order (the patterns are fixed per policy)
     _before_for: dict[str, list[NamedHook]] = field(default_factory=dict, repr=False)
     _after_for: dict[str, list[NamedHook]] = field(default_factory=dict, repr=False)
@@ -114,6 +121,9 @@ class Policy:
         """Count a decision; log it unless it is a plain allow."""
         self.decisions[kind, decision] += 1
         if decision != "allow":
+            self.recent.append({"at": time.time(), "kind": kind, "decision": decision,
+                                "capability": capability, "reason": reason,
+                                "session": caller.session, "uid": caller.uid})
             log.info("policy", kind=kind, decision=decision, capability=capability,
                      reason=reason, caller_uid=caller.uid, caller_pid=caller.pid,
                      grant=caller.grant.describe(), session=caller.session,

@@ -263,6 +263,10 @@ class PolicyView(Protocol):
     def loops(self) -> LoopBook: ...
     @property
     def decisions(self) -> Mapping[tuple[str, str], int]: ...
+    @property
+    def recent(self) -> Iterable[Mapping[str, Any]]:
+        """The latest decisions that were not a plain allow (refusals first of all)."""
+        ...
 
 
 class AgentDeclarations(Protocol):

@@ -1,0 +1,680 @@
+"""``capd top``: a live view of the daemon in the terminal, read again every few seconds.
+
+Three layers, so that every figure can be tested without a terminal:
+
+- **read** (:func:`read_sample`): one refresh is a :class:`Sample`, read from the operator
+  rows through the CLI's socket client: ``GET /status`` (state, counts, each tool's last
+  probe), ``/capabilities?state=disabled`` and each one's ``/capabilities/{name}`` (what it
+  misses, since when), ``/metrics`` (call counters, the latency histogram, policy
+  decisions), ``/queue/stats`` and ``/queue/{id}`` (the oldest pending job);
+- **figures** (:func:`parse_metrics`, :func:`delta`, :func:`quantile`,
+  :func:`call_figures`, :func:`refusal_figures`): the daemon's counters are totals since it
+  started, so rates, quantiles and refusals are differences between two samples: calls
+  per second over the last refresh; counts, p50/p99 and refusals over the last
+  :data:`WINDOW_S`. A series that went down (the daemon restarted) counts from zero;
+- **draw** (:func:`render` gives the lines, :func:`_draw` puts them in the window): every
+  value the daemon sent goes through ``one_line``, so a name cannot steer the terminal;
+  what does not fit the window is cut, so a small or resized terminal shows what fits.
+
+A daemon that does not answer is a state of the view, not an error: each refresh tries
+again, and the view says since when it has not answered. ``q`` quits (exit 0), Ctrl-C
+stops quietly (exit 130).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import curses
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote, urlencode
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .._errors import DaemonUnreachable
+from ._client import request
+from ._render import describe_failure
+from ._terminal import one_line
+
+EXIT_OK = 0
+EXIT_INTERRUPTED = 130  # as cli.EXIT_INTERRUPTED; cli imports this module, so not from there
+
+WINDOW_S = 60.0  # counts, quantiles and refusals are over this much of the recent past
+REQUEST_TIMEOUT_S = 2.0  # a daemon that takes longer is shown as not answering
+MAX_DISABLED = 20  # disabled capabilities read in full each refresh (one request each)
+NAME_WIDTH = 32
+REFUSAL = "block"  # the policy decision that refuses a call (capd_policy_decisions_total)
+
+Style = Literal["title", "head", "warn", "plain"]
+Line = tuple[str, Style]
+Getter = Callable[[str], Any]
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+RECENT_SHOWN = 5
+"""How many of the daemon's recent policy decisions the view lists."""
+
+
+class _RowFailed(Exception):
+    """A row answered something other than what the view reads (not 2xx, or not JSON)."""
+
+
+# ----------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The figures of ``/metrics`` the view uses, each a total since the daemon started."""
+
+    calls: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (capability, status)
+    buckets: Mapping[tuple[str, float], float] = field(default_factory=dict)  # (capability, le)
+    decisions: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (kind, decision)
+
+
+@dataclass(frozen=True)
+class Disabled:
+    """A disabled capability: the tools it misses, each one's error, since when (epoch)."""
+
+    name: str
+    missing: tuple[str, ...]
+    errors: Mapping[str, str]
+    since: float | None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool's last probe (an upstream MCP server is a tool; its probe is a ping)."""
+
+    name: str
+    ok: bool
+    latency_s: float | None
+    checked_at: float | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """The oldest pending job of the retry queue."""
+
+    id: str
+    capability: str
+    created_at: float | None
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class QueueFigures:
+    """The retry queue: jobs by state, the oldest pending one's age, and that job when the
+    daemon lists it."""
+
+    by_state: Mapping[str, int] = field(default_factory=dict)
+    oldest_pending_age_s: float | None = None
+    oldest_job: Job | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One refresh: what the daemon said. ``problems`` names each section the daemon
+    would not give, and why."""
+
+    taken_at: float  # the loop's clock (monotonic) at the refresh
+    pid: int | None = None
+    state: str = "?"
+    version: str = "?"
+    uptime_s: float = 0.0
+    counts: Mapping[str, int] = field(default_factory=dict)  # live, disabled, errors
+    in_flight: int = 0
+    disabled: tuple[Disabled, ...] = ()
+    tools: tuple[Tool, ...] = ()
+    queue: QueueFigures = field(default_factory=QueueFigures)
+    counters: Counters | None = None
+    refusals: tuple[Refusal, ...] = ()  # the latest, newest first
+    problems: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One recent policy decision that was not a plain allow, as ``/status`` keeps it."""
+
+    at: float | None
+    kind: str
+    decision: str
+    capability: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Away:
+    """The daemon cannot be read: since when (epoch), the headline and why."""
+
+    since: float
+    headline: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class View:
+    """What one drawing shows: recent samples (oldest first), or why there are none."""
+
+    socket_path: Path
+    now: float  # epoch, for the times the daemon gives
+    samples: Sequence[Sample] = ()
+    away: Away | None = None
+
+
+@dataclass(frozen=True)
+class CallFigures:
+    """One capability's calls: per second over the last refresh, the rest over the window."""
+
+    capability: str
+    per_s: float | None
+    calls: float
+    errors: float
+    p50_s: float | None
+    p99_s: float | None
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def parse_metrics(text: str) -> Counters:
+    """The counters in a Prometheus text exposition; raise ValueError if it is not one."""
+    calls: dict[tuple[str, str], float] = {}
+    buckets: dict[tuple[str, float], float] = {}
+    decisions: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "capd_calls_total":
+                calls[s.labels.get("capability", ""), s.labels.get("status", "")] = s.value
+            elif s.name == "capd_call_duration_seconds_bucket":
+                buckets[s.labels.get("capability", ""), float(s.labels["le"])] = s.value
+            elif s.name == "capd_policy_decisions_total":
+                decisions[s.labels.get("kind", ""), s.labels.get("decision", "")] = s.value
+    return Counters(calls, buckets, decisions)
+
+
+def delta(old: Mapping[K, float], new: Mapping[K, float]) -> dict[K, float]:
+    """``new - old`` per series; a series that went down started again from zero (the daemon
+    restarted), so all of it counts."""
+    return {key: value - old.get(key, 0.0) if value >= old.get(key, 0.0) else value
+            for key, value in new.items()}
+
+
+def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
+    """The ``q``-quantile of a histogram given as (upper bound, cumulative count), estimated
+    as Prometheus's ``histogram_quantile`` does: linearly within the bucket it falls in, the
+    largest finite bound when it falls in ``+Inf``. None without observations."""
+    ordered = sorted(buckets)
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    rank = q * ordered[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in ordered:
+        if count >= rank and count > lower_count:
+            if math.isinf(bound):
+                return lower_bound
+            share = (rank - lower_count) / (count - lower_count)
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def _by(changes: Mapping[tuple[str, str], float], keep: Callable[[str], bool]
+        ) -> dict[str, float]:
+    """Sum ``changes`` by the first label over the series whose second label ``keep`` takes."""
+    out: dict[str, float] = {}
+    for (first, second), n in changes.items():
+        if keep(second) and n:
+            out[first] = out.get(first, 0.0) + n
+    return out
+
+
+def _counted(samples: Sequence[Sample]) -> list[Counters]:
+    return [s.counters for s in samples if s.counters is not None]
+
+
+def _last_step(samples: Sequence[Sample]) -> tuple[dict[tuple[str, str], float], float] | None:
+    """The calls counted between the last two samples with counters, and the seconds
+    between them; None before there are two."""
+    timed = [(s.taken_at, s.counters) for s in samples if s.counters is not None]
+    if len(timed) < 2 or timed[-1][0] <= timed[-2][0]:
+        return None
+    (old_at, old), (new_at, new) = timed[-2], timed[-1]
+    return delta(old.calls, new.calls), new_at - old_at
+
+
+def overall_rate(samples: Sequence[Sample]) -> float | None:
+    """Calls per second over the last refresh; None before two samples."""
+    step = _last_step(samples)
+    return None if step is None else sum(step[0].values()) / step[1]
+
+
+def call_figures(samples: Sequence[Sample]) -> list[CallFigures]:
+    """Each capability called since the daemon started, busiest in the window first."""
+    counted = _counted(samples)
+    if not counted:
+        return []
+    base = counted[0] if len(counted) > 1 else Counters()
+    window = delta(base.calls, counted[-1].calls)
+    calls = _by(window, lambda _status: True)
+    errors = _by(window, lambda status: status != "success")
+    latency = delta(base.buckets, counted[-1].buckets)
+    rates = _per_capability_rates(samples)
+    names = {c for c, _ in counted[-1].calls} | {c for c, _ in counted[-1].buckets}
+    rows = [CallFigures(name, None if rates is None else rates.get(name, 0.0),
+                        calls.get(name, 0.0), errors.get(name, 0.0),
+                        *_quantiles(name, latency)) for name in names]
+    return sorted(rows, key=lambda r: (-r.calls, r.capability))
+
+
+def _per_capability_rates(samples: Sequence[Sample]) -> dict[str, float] | None:
+    step = _last_step(samples)
+    if step is None:
+        return None
+    moved, seconds = step
+    return {name: n / seconds for name, n in _by(moved, lambda _status: True).items()}
+
+
+def _quantiles(name: str, latency: Mapping[tuple[str, float], float]
+               ) -> tuple[float | None, float | None]:
+    series = [(le, n) for (capability, le), n in latency.items() if capability == name]
+    return quantile(0.5, series), quantile(0.99, series)
+
+
+def refusal_figures(samples: Sequence[Sample]) -> tuple[dict[str, float], dict[str, float]]:
+    """Over the window: policy refusals by step (consent, loop, hook...), and calls answered
+    ``error_blocked`` by capability."""
+    counted = _counted(samples)
+    if not counted:
+        return {}, {}
+    base = counted[0] if len(counted) > 1 else Counters()
+    steps = _by(delta(base.decisions, counted[-1].decisions), lambda d: d == REFUSAL)
+    blocked = _by(delta(base.calls, counted[-1].calls), lambda s: s == "error_blocked")
+    return steps, blocked
+
+
+# ------------------------------------------------------------------------- formatting
+
+
+def _text(value: object) -> str:
+    """A value the daemon sent, on one line and unable to steer the terminal."""
+    return one_line(str(value))
+
+
+def format_seconds(seconds: float | None) -> str:
+    """A latency: ``0.4 ms``, ``12.0 ms``, ``2.50 s``; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def format_age(seconds: float | None) -> str:
+    """A span as a person reads it: ``42s``, ``3m05s``, ``2h10m``, ``3d04h``."""
+    if seconds is None:
+        return "?"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_clock(epoch: float) -> str:
+    """``HH:MM:SS`` in local time."""
+    return time.strftime("%H:%M:%S", time.localtime(epoch))
+
+
+def _counts(items: Iterable[tuple[str, float]]) -> str:
+    return ", ".join(f"{_text(k)} {n:g}" for k, n in sorted(items)) or "none"
+
+
+def _title(view: View, s: Sample | None) -> Line:
+    where = _text(view.socket_path)
+    if s is None:
+        return f"capd top  {where}  {format_clock(view.now)}  q quits", "title"
+    return (f"capd {_text(s.version)}  {_text(s.state)}  pid {s.pid}  up {format_age(s.uptime_s)}"
+            f"  {where}  {format_clock(view.now)}  q quits", "title")
+
+
+def _capability_lines(s: Sample, now: float) -> list[Line]:
+    c = s.counts
+    lines: list[Line] = [(f"Capabilities  {c.get('live', 0)} live  {c.get('disabled', 0)} "
+                          f"disabled  {c.get('errors', 0)} declaration errors", "head")]
+    if "capabilities" in s.problems:
+        return [*lines, (f"  {_text(s.problems['capabilities'])}", "warn")]
+    for d in s.disabled:
+        since = (f"down since {format_clock(d.since)} ({format_age(now - d.since)} ago)"
+                 if d.since is not None else "down")
+        missing = "; ".join(f"{_text(t)}: {_text(d.errors[t])}" if t in d.errors else _text(t)
+                            for t in d.missing)
+        lines.append((f"  {_text(d.name):<{NAME_WIDTH}} {since}  missing {missing}", "warn"))
+    hidden = c.get("disabled", 0) - len(s.disabled)
+    if hidden > 0:
+        lines.append((f"  ... and {hidden} more (capd list --state disabled)", "plain"))
+    return lines
+
+
+def _tool_lines(s: Sample, now: float) -> list[Line]:
+    down = sum(not t.ok for t in s.tools)
+    lines: list[Line] = [(f"Tools and upstream MCP servers  {len(s.tools) - down} up  "
+                          f"{down} down", "head")]
+    for t in s.tools:
+        probed = (f"probed {format_age(now - t.checked_at)} ago"
+                  if t.checked_at is not None else "not probed")
+        text = (f"  {_text(t.name):<{NAME_WIDTH}} {'up' if t.ok else 'DOWN':<5}"
+                f"{format_seconds(t.latency_s):>10}  {probed}")
+        if t.error:
+            text += f"  {_text(t.error)}"
+        lines.append((text, "plain" if t.ok else "warn"))
+    return lines
+
+
+def _window_label(samples: Sequence[Sample]) -> str:
+    span = samples[-1].taken_at - samples[0].taken_at if len(samples) > 1 else 0.0
+    return f"the last {span:.0f} s" if span > 0 else "the daemon's life (one sample yet)"
+
+
+def _call_lines(samples: Sequence[Sample]) -> list[Line]:
+    s = samples[-1]
+    rate = overall_rate(samples)
+    head = (f"Calls  {'-' if rate is None else f'{rate:.1f}'}/s  in flight {s.in_flight}"
+            f"  (counts and p50/p99 over {_window_label(samples)})")
+    lines: list[Line] = [(head, "head")]
+    if "metrics" in s.problems:
+        return [*lines, (f"  {_text(s.problems['metrics'])}", "warn")]
+    rows = call_figures(samples)
+    if rows:
+        lines.append((f"  {'CAPABILITY':<{NAME_WIDTH}} {'CALLS/S':>8} {'CALLS':>7} "
+                      f"{'ERRORS':>7} {'P50':>10} {'P99':>10}", "plain"))
+    for r in rows:
+        per_s = "-" if r.per_s is None else f"{r.per_s:.1f}"
+        lines.append((f"  {_text(r.capability):<{NAME_WIDTH}} {per_s:>8} {r.calls:>7g} "
+                      f"{r.errors:>7g} {format_seconds(r.p50_s):>10} "
+                      f"{format_seconds(r.p99_s):>10}", "plain"))
+    return lines
+
+
+def _queue_lines(s: Sample, now: float) -> list[Line]:
+    if "queue" in s.problems:
+        return [("Queue", "head"), (f"  {_text(s.problems['queue'])}", "warn")]
+    q = s.queue
+    states = "  ".join(f"{_text(k)} {v}" for k, v in q.by_state.items())
+    stuck = q.by_state.get("needs_operator", 0) + q.by_state.get("dead", 0)
+    lines: list[Line] = [(f"Queue  {states}", "warn" if stuck else "head")]
+    age, job = q.oldest_pending_age_s, q.oldest_job
+    if job is not None:
+        waited = age if age is not None else (now - job.created_at if job.created_at else None)
+        text = (f"  oldest pending: {format_age(waited)} old, job {_text(job.id)} "
+                f"{_text(job.capability)}, attempt {job.attempts}/{job.max_attempts}")
+        if job.last_error:
+            text += f", last error: {_text(job.last_error)}"
+        lines.append((text, "plain"))
+    elif age is not None:
+        lines.append((f"  oldest pending: {format_age(age)} old", "plain"))
+    return lines
+
+
+def _refusal_lines(samples: Sequence[Sample]) -> list[Line]:
+    if "metrics" in samples[-1].problems:
+        return []
+    steps, blocked = refusal_figures(samples)
+    latest = samples[-1].counters
+    ever = sum(n for (_, d), n in latest.decisions.items() if d == REFUSAL) if latest else 0
+    head = (f"Refusals over {_window_label(samples)}  {sum(steps.values()):g}"
+            f"  (since the daemon started: {ever:g})")
+    lines: list[Line] = [(head, "warn" if steps or blocked else "head")]
+    lines.append((f"  policy refusals by step: {_counts(steps.items())}", "plain"))
+    lines.append((f"  calls answered error_blocked: {_counts(blocked.items())}", "plain"))
+    for refusal in samples[-1].refusals:
+        when = time.strftime("%H:%M:%S", time.localtime(refusal.at)) if refusal.at else "?"
+        lines.append((f"  {when}  {_text(refusal.kind)} {_text(refusal.decision)}  "
+                      f"{_text(refusal.capability)}: {_text(refusal.reason)}",
+                      "warn" if refusal.decision == REFUSAL else "plain"))
+    return lines
+
+
+def render(view: View) -> list[Line]:
+    """The lines of one drawing, top to bottom (what matters most first: a short terminal
+    shows the top). Every value from the daemon is escaped; lines are not cut to a width."""
+    if view.away is not None:
+        return [_title(view, None), (view.away.headline, "warn"),
+                (f"  {_text(view.away.reason)}", "plain")]
+    if not view.samples:
+        return [_title(view, None), ("reading the daemon...", "plain")]
+    s = view.samples[-1]
+    sections = (_capability_lines(s, view.now), _tool_lines(s, view.now),
+                _call_lines(view.samples), _queue_lines(s, view.now),
+                _refusal_lines(view.samples))
+    lines = [_title(view, s)]
+    for section in sections:
+        lines += [("", "plain"), *section]
+    return lines
+
+
+# ------------------------------------------------------------------------------- read
+
+
+def _getter(socket_path: Path, timeout_s: float) -> Getter:
+    """GET a row's body; raise :class:`DaemonUnreachable` when nothing answers,
+    :class:`_RowFailed` when the answer is not 2xx."""
+
+    def get(path: str) -> Any:
+        reply = request(socket_path, "GET", path, timeout_s=timeout_s)
+        if not 200 <= reply.status < 300:
+            raise _RowFailed(f"GET {path} answered {reply.status}: "
+                             f"{describe_failure(path, reply.body)}")
+        return reply.body
+
+    return get
+
+
+def _object(body: Any, path: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise _RowFailed(f"GET {path} did not answer a JSON object")
+    return body
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _read_disabled(get: Getter) -> tuple[Disabled, ...]:
+    query = urlencode({"state": "disabled", "limit": MAX_DISABLED})
+    listed = _object(get(f"/capabilities?{query}"), "/capabilities")
+    out = []
+    for capsule in listed.get("capabilities", []):
+        name = str(capsule.get("name", ""))
+        body = _object(get(f"/capabilities/{quote(name, safe='')}"), "/capabilities/{name}")
+        why = body.get("disabled")
+        if not why:  # restored between the list and this read
+            continue
+        out.append(Disabled(name, tuple(str(t) for t in why.get("missing", [])),
+                            {str(k): str(v) for k, v in why.get("errors", {}).items()},
+                            _float(why.get("since"))))
+    return tuple(out)
+
+
+def _read_tools(status: Mapping[str, Any]) -> tuple[Tool, ...]:
+    probes = (status.get("registry") or {}).get("tools") or {}
+    return tuple(Tool(str(name), bool(p.get("ok")), _float(p.get("latency_s")),
+                      _float(p.get("checked_at")), p.get("error") and str(p["error"]))
+                 for name, p in sorted(probes.items()))
+
+
+def _read_oldest_job(get: Getter, oldest: Any) -> Job | None:
+    """The job ``/queue/stats`` names as the oldest unfinished one, read whole (its tries
+    and last error); None when there is none or it finished meanwhile."""
+    if not isinstance(oldest, dict) or not oldest.get("id"):
+        return None
+    try:
+        j = _object(get(f"/queue/{quote(str(oldest['id']), safe='')}"), "/queue/{id}")
+    except _RowFailed:  # finished and purged since the stats were read
+        return None
+    # /queue/{id} answers the job with its audit trail as "attempts": a claim is a try
+    trail = j.get("attempts")
+    tries = (sum(1 for a in trail if isinstance(a, dict) and a.get("kind") == "claim")
+             if isinstance(trail, list) else int(trail or 0))
+    return Job(str(j.get("id")), str(j.get("capability")), _float(j.get("created_at")),
+               tries, int(j.get("max_attempts") or 0),
+               j.get("last_error") and str(j["last_error"]))
+
+
+def _read_queue(get: Getter) -> QueueFigures:
+    stats = _object(get("/queue/stats"), "/queue/stats")
+    by_state = {str(k): int(v) for k, v in (stats.get("by_state") or {}).items()}
+    return QueueFigures(by_state, _float(stats.get("oldest_pending_age_s")),
+                        _read_oldest_job(get, stats.get("oldest_pending")))
+
+
+def _section(problems: dict[str, str], name: str, read: Callable[[], T], empty: T) -> T:
+    """``read()``, or ``empty`` with why in ``problems[name]`` when the daemon would not give
+    it (a row it refuses, or a body the view cannot read). DaemonUnreachable goes through."""
+    try:
+        return read()
+    except _RowFailed as exc:
+        problems[name] = str(exc)
+        return empty
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a body of another shape
+        problems[name] = f"cannot read the daemon's answer ({type(exc).__name__}: {exc})"
+        return empty
+
+
+def read_sample(get: Getter, taken_at: float) -> Sample:
+    """One refresh. Raises :class:`DaemonUnreachable` when the daemon does not answer and
+    :class:`_RowFailed` when ``/status`` is refused; any other row's failure is a problem
+    of its section."""
+    status = _object(get("/status"), "/status")
+    registry = status.get("registry") or {}
+    problems: dict[str, str] = {}
+    disabled: tuple[Disabled, ...] = _section(problems, "capabilities",
+                                              partial(_read_disabled, get), ())
+    queue = _section(problems, "queue", partial(_read_queue, get), QueueFigures())
+    counters: Counters | None = _section(problems, "metrics",
+                                         lambda: parse_metrics(str(get("/metrics"))), None)
+    return Sample(
+        taken_at=taken_at, pid=status.get("pid"), state=str(status.get("state", "?")),
+        version=str(status.get("version", "?")), uptime_s=_float(status.get("uptime_s")) or 0.0,
+        counts={k: int(registry.get(k) or 0) for k in ("live", "disabled")}
+        | {"errors": len(registry.get("errors") or [])},
+        in_flight=int((status.get("calls") or {}).get("in_flight") or 0),
+        disabled=disabled, tools=_read_tools(status), queue=queue, counters=counters,
+        refusals=_read_refusals(status), problems=problems)
+
+
+def _read_refusals(status: Mapping[str, Any]) -> tuple[Refusal, ...]:
+    recent = (status.get("policy") or {}).get("recent") or []
+    return tuple(Refusal(_float(r.get("at")), str(r.get("kind", "?")),
+                         str(r.get("decision", "?")), str(r.get("capability", "?")),
+                         str(r.get("reason") or ""))
+                 for r in reversed(recent) if isinstance(r, dict))[:RECENT_SHOWN]
+
+
+class Watch:
+    """What the view keeps between refreshes: the samples of the last :data:`WINDOW_S`
+    (and the one before), or since when the daemon has been away."""
+
+    def __init__(self, socket_path: Path, get: Getter) -> None:
+        self.socket_path = socket_path
+        self._get = get
+        self.samples: deque[Sample] = deque()
+        self.away: Away | None = None
+
+    def refresh(self, taken_at: float, now: float) -> None:
+        """Read the daemon once; never raises for a daemon that is down or refuses."""
+        try:
+            sample = read_sample(self._get, taken_at)
+        except DaemonUnreachable as exc:
+            self._gone(now, f"daemon not reachable at {_text(self.socket_path)}", str(exc))
+            return
+        except (_RowFailed, ValueError) as exc:
+            self._gone(now, f"daemon at {_text(self.socket_path)} answers, but not its status",
+                       str(exc))
+            return
+        self.away = None
+        if self.samples and self.samples[-1].pid != sample.pid:
+            self.samples.clear()  # another daemon: its counters started again
+        self.samples.append(sample)
+        while len(self.samples) > 2 and self.samples[1].taken_at <= taken_at - WINDOW_S:
+            self.samples.popleft()
+
+    def _gone(self, now: float, what: str, reason: str) -> None:
+        since = self.away.since if self.away is not None else now
+        self.away = Away(since, f"{what} (since {format_clock(since)}), retrying", reason)
+
+    def view(self, now: float) -> View:
+        """What to draw now."""
+        return View(self.socket_path, now, tuple(self.samples), self.away)
+
+
+# ------------------------------------------------------------------------------- draw
+
+
+def _styles() -> dict[Style, int]:
+    warn = curses.A_BOLD
+    if curses.has_colors():
+        with contextlib.suppress(curses.error):  # a terminal without colours keeps bold
+            curses.start_color()
+            curses.use_default_colors()
+            curses.init_pair(1, curses.COLOR_RED, -1)
+            warn |= curses.color_pair(1)
+    return {"title": curses.A_REVERSE, "head": curses.A_BOLD, "warn": warn,
+            "plain": curses.A_NORMAL}
+
+
+def _draw(screen: curses.window, lines: Sequence[Line], styles: Mapping[Style, int]) -> None:
+    """Put ``lines`` in the window, each cut to its width; what does not fit is left out."""
+    screen.erase()
+    height, width = screen.getmaxyx()
+    for row, (text, style) in enumerate(lines[:height]):
+        # curses cannot write the last cell of the window without an error; wide characters
+        # take two cells and may still reach it: a line that does not fit is cut short.
+        with contextlib.suppress(curses.error, UnicodeEncodeError):
+            screen.addnstr(row, 0, text, max(0, width - 1), styles[style])
+    screen.refresh()
+
+
+def _loop(screen: curses.window, watch: Watch, interval_s: float,
+          clock: Callable[[], float] = time.monotonic,
+          wall: Callable[[], float] = time.time) -> int:
+    with contextlib.suppress(curses.error):  # a terminal that cannot hide the cursor
+        curses.curs_set(0)
+    styles = _styles()
+    due = clock()
+    while True:
+        if clock() >= due:
+            watch.refresh(clock(), wall())
+            due = clock() + interval_s
+        _draw(screen, render(watch.view(wall())), styles)
+        screen.timeout(max(1, math.ceil((due - clock()) * 1000)))
+        key = screen.getch()  # a key, KEY_RESIZE (drawn again at the new size), or -1
+        if key in (ord("q"), ord("Q")):
+            return EXIT_OK
+
+
+def run_top(socket_path: Path, interval: float) -> int:
+    """Show the daemon at ``socket_path``, read every ``interval`` seconds, until ``q``
+    (0) or Ctrl-C (130). The terminal is restored in either case."""
+    watch = Watch(socket_path, _getter(socket_path, REQUEST_TIMEOUT_S))
+    # ncurses takes LINES and COLUMNS, when set, over the terminal's size, even after a
+    # resize (GNU readline exports them in a process that loaded it): the view must follow
+    # the terminal it is in.
+    for name in ("LINES", "COLUMNS"):
+        os.environ.pop(name, None)
+    try:
+        code: int = curses.wrapper(_loop, watch, interval)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return code
