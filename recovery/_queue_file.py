@@ -192,6 +192,9 @@ def _install(tmp: Path, path: Path) -> bool:
             raise QueueStorageError(f"cannot create the queue {path}: the new file's WAL was "
                                     "not folded into it when it was closed")
     try:
+        # The jobs hold callers' parameters: the file (and the WAL and shared-memory files
+        # SQLite makes with its mode) is the daemon user's alone.
+        os.chmod(tmp, 0o600)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -338,3 +338,17 @@ async def test_a_version_1_queue_is_migrated_with_its_jobs(tmp_path: Path) -> No
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     raw.close()
+
+
+async def test_a_new_queue_file_is_the_daemon_users_alone(tmp_path: Path) -> None:
+    """The jobs hold callers' parameters: a new queue.db is 0600, and so are the WAL and
+    shared-memory files SQLite makes beside it."""
+    path = tmp_path / "q.db"
+    queue = await RetryQueue.open(path, boot_id="boot-a")
+    try:
+        await queue.enqueue(request())
+        for name in ("q.db", "q.db-wal", "q.db-shm"):
+            if (tmp_path / name).exists():
+                assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name
+    finally:
+        await queue.close()

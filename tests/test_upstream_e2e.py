@@ -461,7 +461,8 @@ def test_capd_check_starts_each_upstream_once(short_tmp: Path) -> None:
     done = subprocess.run([PY, "-m", "capd", "check", "--config", str(config), "--json"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    assert "count_mcp.echo" in done.stdout
+    report = json.loads(done.stdout)  # stdout is the report alone: log lines go to stderr
+    assert "count_mcp.echo" in json.dumps(report["live"])
     assert starts.read_text().splitlines() == ["started"]
 
 

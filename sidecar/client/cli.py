@@ -157,7 +157,11 @@ def _no_config() -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Build the registry once and print live and disabled capabilities."""
+    from .._logging import configure_logging
     from ..server import load_config, run_daemon
+
+    # stdout is the report (JSON when piped): the build's log lines go to stderr, warnings up
+    configure_logging("warning", "console", stream=sys.stderr)
 
     config_path = _config_path(args.config)
     if config_path is None:  # nothing to check is not a pass
@@ -689,7 +693,8 @@ def make_parser() -> argparse.ArgumentParser:
                        help="table (the default on a terminal), json (the default when "
                        "piped) or yaml; wide is table here")
     check.add_argument(
-        "--strict", action="store_true", help="exit 1 when any declaration has an error"
+        "--strict", action="store_true", help="exit 1 when any declaration has an error "
+        "or any capability has a parameter without a description"
     )
     check.set_defaults(handler=cmd_check)
 

@@ -46,7 +46,7 @@ def acquire_state_lock(state_dir: Path) -> StateLock:
     """
     path = state_dir / LOCK_NAME
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # an existing one is kept
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise SidecarError(f"cannot open the state lock {path}: {exc.strerror or exc}") from exc
