@@ -284,7 +284,7 @@ def test_topology_expand_materialises_instances_with_their_config(
     """expand with --set reviewer.count=5 gives reviewer-1 … reviewer-5, each with its agent's
     servers; phases list instances; an invalid topology or override exits 1."""
     done = capd(daemon, "topology", "expand", "review", "--set", "reviewer.count=5",
-                "--context", "silent=1")
+                "--context", "silent=1", "--json")
     assert done.returncode == 0, done.stderr
     body = json.loads(done.stdout)
     assert body == daemon.call(

@@ -369,11 +369,12 @@ def test_search_escapes_a_summary(daemon: DaemonProcess) -> None:
 
 @pytest.mark.slow
 def test_show_prints_escapes_and_json_keeps_the_exact_texts(daemon: DaemonProcess) -> None:
-    """`capd show` shows JSON escapes only; `--json` parses back to the declared texts."""
+    """`capd show` (fields) shows the controls escaped; `--json` parses back to the declared
+    texts."""
     done = capd(daemon, "show", "term.paint")
     assert done.returncode == 0, done.stderr
     assert_nothing_raw(done)
-    assert "Sets the title \\u001b]0;pwned\\u0007" in done.stdout.decode()
+    assert "Sets the title \\x1b]0;pwned\\x07" in done.stdout.decode()
     exact = json.loads(capd(daemon, "show", "term.paint", "--json").stdout)
     assert (exact["summary"], exact["description"], exact["tags"]) == (SUMMARY, DESCRIPTION,
                                                                       ["term", TAG])

@@ -451,9 +451,12 @@ def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
         echo(str(response.body.get("status") if isinstance(response.body, dict)
                  else response.body))
     else:
+        # An answer in a format asked for (a provider's tool schema, an MCP client's config)
+        # is a document to paste: JSON, never fields.
+        render = ("json" if row.render == "json" and getattr(args, "format", None)
+                  else "fields" if row.render == "json" else row.render)
         wide = WIDE.get(row.render) if output == "wide" else None
-        echo((wide or RENDERERS["fields" if row.render == "json" else row.render])(
-            response.body))
+        echo((wide or RENDERERS[render])(response.body))
         if row.id == "call" and isinstance(response.body, dict):
             _save_blocks(response.body, getattr(args, "output_dir", None))
         elif row.id == "resource-read" and isinstance(response.body, dict):
