@@ -57,6 +57,7 @@ import contextlib
 import fnmatch
 import re
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,10 +111,21 @@ class Upstream:
         self._calls = 0
         # What the server offers beside tools (read at the handshake, again once stale).
         self.offers: dict[str, list[Any]] = {"resources": [], "templates": [], "prompts": []}
+        self.server: dict[str, Any] | None = None  # what the handshake said it is
+        self.since: float | None = None  # when it connected, or was lost (epoch)
+        self.last_error: str | None = None
         self._offers_stale = False
         # The last handshake failed: the capabilities were made without this server's list,
         # so the next one that succeeds says the list changed (they are made again).
         self._handshake_failed = False
+
+    def view(self) -> dict[str, Any]:
+        """What an operator reads of this server: connected or not and since when, what it
+        said it is, its tools, calls in flight and its last error."""
+        return {"kind": "stdio" if self.spec.command is not None else "http",
+                "connected": self.connected, "since": self.since, "server": self.server,
+                "tools": len(self.tools), "in_flight": len(self._inflight),
+                "last_error": self.last_error}
 
     @property
     def connected(self) -> bool:
@@ -390,10 +402,14 @@ class Upstream:
                                   sampling_callback=self._sampling,
                                   elicitation_callback=self._elicitation,
                                   logging_callback=self._logging))
-                await session.initialize()
+                hello = await session.initialize()
                 tools = await _list_all(session)
                 self.offers = await _list_offers(session)
                 self._session = session
+                info = getattr(hello, "server_info", None)
+                self.server = ({"name": info.name, "version": info.version}
+                               if info is not None else None)
+                self.since, self.last_error = time.time(), None
                 if not ready.done():
                     ready.set_result(tools)
                 log.info("upstream_connected", tool=self.tool_id, tools=len(tools))
@@ -405,7 +421,10 @@ class Upstream:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             log.warning("upstream_lost", tool=self.tool_id, error=f"{type(exc).__name__}: {exc}")
+            self.last_error = f"{type(exc).__name__}: {exc}"
         finally:
+            if self._session is not None:
+                self.since = time.time()  # since when it is not connected
             self._session = None
 
     async def _message(self, message: Any) -> None:
@@ -545,6 +564,10 @@ class UpstreamPool:
             return await upstream.ensure(), None
         except Exception as exc:
             return list(upstream.tools), str(exc)
+
+    def views(self) -> dict[str, dict[str, Any]]:
+        """Every upstream server's :meth:`Upstream.view`, by tool id."""
+        return {tool_id: u.view() for tool_id, u in sorted(self._upstreams.items())}
 
     def prefixes(self) -> dict[str, Upstream]:
         """Every upstream by the prefix its names carry."""

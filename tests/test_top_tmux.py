@@ -128,6 +128,23 @@ def test_what_the_daemon_names_is_escaped_in_every_section() -> None:
     assert all("\n" not in line for line, _style in lines)
 
 
+def test_an_upstream_server_shows_its_session_under_its_tool() -> None:
+    """An MCP server's session: connected, since when, what it is and its tools; or not
+    connected with its last error, as a warning."""
+    up = Tool("time_mcp", ok=True, latency_s=0.002, checked_at=95.0, error=None, upstream={
+        "kind": "stdio", "connected": True, "since": 40.0, "tools": 2, "in_flight": 1,
+        "server": {"name": "mcp-time", "version": "1.2"}, "last_error": None})
+    lost = Tool("git_mcp", ok=False, latency_s=None, checked_at=95.0, error="gone", upstream={
+        "kind": "http", "connected": False, "since": 90.0, "tools": 5, "in_flight": 0,
+        "server": None, "last_error": "EndOfStream: \x1b[2J"})
+    sample = Sample(taken_at=1.0, pid=1, state="ready", tools=(up, lost))
+    lines = render(View(Path("/tmp/s"), 100.0, [sample]))
+    shown = {text.strip(): style for text, style in lines}
+    assert shown["mcp stdio: connected since 1m00s ago mcp-time 1.2, 2 tools, 1 calls in "
+                 "flight"] == "plain"
+    assert shown["mcp http: NOT CONNECTED since 10s ago: EndOfStream: \\x1b[2J"] == "warn"
+
+
 def answers(bodies: dict[str, Any]) -> Callable[[str], Any]:
     """A getter answering ``bodies`` by path; a missing path is a daemon that is down."""
 

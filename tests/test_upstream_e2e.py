@@ -116,6 +116,12 @@ def test_upstream_tools_are_capabilities_with_their_schemas_and_calls_round_trip
     assert daemon.call("GET", "/capabilities/git_mcp.git_add").body["mutates_state"] is True
     now = daemon.call("POST", "/call/time_mcp.get_current_time", {"timezone": "UTC"})
     assert now.status == 200, now.body
+    upstream = daemon.call("GET", "/status").body["upstreams"]["time_mcp"]
+    assert upstream["connected"] is True
+    assert upstream["kind"] == "stdio"
+    assert upstream["tools"] >= 2
+    assert upstream["server"]["name"]  # what its handshake said it is
+    assert upstream["since"] > 0
     assert now.body["result"]["timezone"] == "UTC"
     status = daemon.call("POST", "/call/git_mcp.git_status", {"repo_path": str(repo)})
     assert status.status == 200, status.body

@@ -98,6 +98,7 @@ class Tool:
     latency_s: float | None
     checked_at: float | None
     error: str | None
+    upstream: Mapping[str, Any] | None = None  # an MCP server's session (``/status``)
 
 
 @dataclass(frozen=True)
@@ -379,7 +380,23 @@ def _tool_lines(s: Sample, now: float) -> list[Line]:
         if t.error:
             text += f"  {_text(t.error)}"
         lines.append((text, "plain" if t.ok else "warn"))
+        if t.upstream is not None:
+            lines.append(_upstream_line(t.upstream, now))
     return lines
+
+
+def _upstream_line(u: Mapping[str, Any], now: float) -> Line:
+    """An MCP server's session under its tool: connected or lost, since when, what it is."""
+    since = _float(u.get("since"))
+    when = f" since {format_age(now - since)} ago" if since is not None else ""
+    server = u.get("server") if isinstance(u.get("server"), dict) else None
+    named = (f" {_text(server.get('name'))} {_text(server.get('version'))}"
+             if server else "")
+    if u.get("connected"):
+        return (f"    mcp {_text(u.get('kind'))}: connected{when}{named}, "
+                f"{u.get('tools', 0)} tools, {u.get('in_flight', 0)} calls in flight", "plain")
+    error = f": {_text(u['last_error'])}" if u.get("last_error") else ""
+    return (f"    mcp {_text(u.get('kind'))}: NOT CONNECTED{when}{error}", "warn")
 
 
 def _window_label(samples: Sequence[Sample]) -> str:
@@ -509,8 +526,10 @@ def _read_disabled(get: Getter) -> tuple[Disabled, ...]:
 
 def _read_tools(status: Mapping[str, Any]) -> tuple[Tool, ...]:
     probes = (status.get("registry") or {}).get("tools") or {}
+    upstreams = status.get("upstreams") or {}
     return tuple(Tool(str(name), bool(p.get("ok")), _float(p.get("latency_s")),
-                      _float(p.get("checked_at")), p.get("error") and str(p["error"]))
+                      _float(p.get("checked_at")), p.get("error") and str(p["error"]),
+                      upstreams.get(name) if isinstance(upstreams.get(name), dict) else None)
                  for name, p in sorted(probes.items()))
 
 

@@ -672,6 +672,7 @@ async def status(ctx: Context) -> Reply:
                   if d.queue is not None else None),
         "event_loop_lag_s": round(d.loop_lag_s, 6),
         "mcp": {"operator_tools": list(d.operator_tools)},
+        "upstreams": d.upstreams.views(),
         "policy": {"profiles": list(d.policy.profile_names), "recent": list(d.policy.recent)},
     }
     return Reply(200, body)
