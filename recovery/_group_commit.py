@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from queue import SimpleQueue
@@ -89,6 +90,7 @@ class GroupCommit:
         # Why the last batch could not commit, and when (by ``clock``); None once one does.
         self.write_error: str | None = None
         self.write_error_at: float | None = None
+        self._last_commit = time.monotonic()
 
     def transaction(self, work: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Run ``work`` inside the next group commit; the future of its result after the COMMIT.
@@ -106,6 +108,11 @@ class GroupCommit:
         ``sql`` in a batch are one ``executemany``. Fails as :meth:`transaction`.
         """
         return self._submit((sql, row, result, self._loop.create_future()))
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the last batch committed, or since this writer began."""
+        return time.monotonic() - self._last_commit
 
     def _submit(self, op: _Op) -> asyncio.Future[Any]:
         if self._closed:
@@ -172,6 +179,7 @@ class GroupCommit:
 
     def _settle(self, batch: Sequence[_Op], results: Sequence[Any]) -> None:
         """Answer each operation of a committed batch (on the event loop)."""
+        self._last_commit = time.monotonic()
         self.batches += 1
         self.operations += len(batch)
         if self.write_error is not None:

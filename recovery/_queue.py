@@ -27,7 +27,13 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from ._decision import BackoffPolicy, Failure, RetryDecision
-from ._errors import IdempotencyConflict, InvalidTransition, QueueStorageError, UnknownJob
+from ._errors import (
+    IdempotencyConflict,
+    InvalidTransition,
+    QueueFull,
+    QueueStorageError,
+    UnknownJob,
+)
 from ._group_commit import GroupCommit
 from ._jobs import (
     JOB_STATES,
@@ -41,7 +47,7 @@ from ._jobs import (
     job_of,
     params_text,
 )
-from ._queue_file import open_queue_file
+from ._queue_file import default_reserve, free_space, open_queue_file, storage_error
 
 log = structlog.get_logger("capd.queue")
 
@@ -75,6 +81,7 @@ class RetryQueue:
         boot_id: str,
         rng: random.Random,
         on_enqueue: Callable[[], None],
+        reserve_bytes: int | None = None,
     ) -> None:
         self.path = path
         self._store = store
@@ -88,6 +95,10 @@ class RetryQueue:
         # The last enqueue the disk refused, and when: other writes (the sweep's updates)
         # may still commit on a nearly full disk, so their success does not hide it.
         self._refused: tuple[str, float] | None = None
+        # Room kept on the file system for claims, completions and checkpoints: new jobs
+        # are refused below it (None: the default for the file system's size).
+        self._reserve_setting = reserve_bytes
+        self._space: tuple[float, int, int] | None = None  # (read at, free, reserve)
 
     @classmethod
     async def open(
@@ -102,11 +113,15 @@ class RetryQueue:
         max_batch: int = 512,
         busy_timeout_ms: int = 5000,
         on_enqueue: Callable[[], None] | None = None,
+        reserve_bytes: int | None = None,
     ) -> RetryQueue:
         """Open (creating or migrating) the queue at ``path`` and start its writer.
 
         ``on_enqueue`` is called (on the loop, after the COMMIT) whenever a job
         is enqueued or an operator makes one due: the sweep's ``wake``.
+        ``reserve_bytes`` is the free space kept on the file system for the queue's
+        own progress (claims, completions, checkpoints): an enqueue is refused with
+        :class:`QueueFull` below it (None: :func:`default_reserve` of its size).
         Raises :class:`QueueCorrupt` for a file that is not a healthy capd
         queue (an empty file included), :class:`QueueFull` when the disk is
         full, and :class:`QueueStorageError` when it cannot be opened or a
@@ -117,7 +132,7 @@ class RetryQueue:
         store = GroupCommit(path, db, clock=clock, max_batch=max_batch)
         return cls(path, store, backoff=backoff or BackoffPolicy(), clock=clock,
                    boot_id=boot_id or os.urandom(6).hex(), rng=rng or random.Random(),
-                   on_enqueue=on_enqueue or (lambda: None))
+                   on_enqueue=on_enqueue or (lambda: None), reserve_bytes=reserve_bytes)
 
     async def close(self) -> None:
         """Stop accepting, commit what was already handed in, and close the file."""
@@ -168,6 +183,7 @@ class RetryQueue:
         :class:`IdempotencyConflict` is raised. Raises :class:`QueueClosed`
         after :meth:`close`.
         """
+        self._check_reserve()  # a warning of its own (/health), not a write that failed
         new, row = self._new_job(request)
         try:
             if request.idempotency_key is None:
@@ -183,6 +199,43 @@ class RetryQueue:
             self._refused = None
         self._on_enqueue()
         return job
+
+    SPACE_READ_S = 0.05
+    """How long a reading of the file system's free space is reused (an enqueue's cost)."""
+
+    def space(self) -> tuple[int, int]:
+        """Bytes free on the queue's file system, and the reserve kept for its progress."""
+        now = time.monotonic()
+        if self._space is None or now - self._space[0] > self.SPACE_READ_S:
+            try:
+                free, total = free_space(self.path.parent)
+            except OSError as exc:
+                raise storage_error(self.path, "cannot read the free space of", exc) from exc
+            reserve = (self._reserve_setting if self._reserve_setting is not None
+                       else default_reserve(total))
+            self._space = (now, free, reserve)
+        return self._space[1], self._space[2]
+
+    def _check_reserve(self) -> None:
+        free, reserve = self.space()
+        if free < reserve:
+            raise QueueFull(
+                f"disk nearly full: {free / 2**20:.1f} MiB free on the file system of "
+                f"{self.path}, under the {reserve / 2**20:.1f} MiB kept for finishing the "
+                "jobs already queued (queue_reserve_bytes); free some space")
+
+    async def checkpoint(self, mode: Literal["PASSIVE", "TRUNCATE"] = "TRUNCATE") -> None:
+        """Fold the write-ahead log back into the file (``TRUNCATE``: and empty it); between
+        two group commits, never inside one. A busy or full disk leaves it for next time."""
+        try:
+            await self._store.read(f"PRAGMA wal_checkpoint({mode})")
+        except QueueStorageError as exc:
+            log.warning("queue_checkpoint_failed", mode=mode, error=str(exc))
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the last group commit (by the monotonic clock)."""
+        return self._store.idle_s
 
     def _new_id(self) -> str:
         # Time-ordered ids: new rows append to the primary-key B-tree instead of

@@ -21,6 +21,7 @@ import errno
 import os
 import sqlite3
 import stat
+import struct
 from pathlib import Path
 from typing import Literal
 
@@ -102,6 +103,9 @@ async def open_queue_file(path: Path, *, synchronous: Literal["FULL", "NORMAL"] 
         if not await asyncio.to_thread(_queue_file_exists, path):
             raise QueueStorageError(f"the queue {path} vanished as soon as it was created; "
                                     "is something else cleaning the state directory?")
+    # Before any connection: SQLite would take a damaged WAL for an empty one, and drop the
+    # acknowledged jobs it holds at the first write.
+    await asyncio.to_thread(check_wal, path)
     try:
         db = await aiosqlite.connect(_uri(path, "rw"), uri=True, isolation_level=None)
     except (sqlite3.Error, OSError) as exc:
@@ -115,6 +119,85 @@ async def open_queue_file(path: Path, *, synchronous: Literal["FULL", "NORMAL"] 
         await db.close()
         raise
     return db
+
+
+_WAL_MAGIC = (0x377F0682, 0x377F0683)  # checksums little-endian, big-endian
+_WAL_VERSION = 3007000
+
+
+def check_wal(path: Path) -> None:
+    """Refuse a ``-wal`` file beside ``path`` that is not a valid WAL of that database.
+
+    SQLite treats a WAL whose header is damaged (its magic, version, page size or
+    header checksum wrong) as empty: the transactions it holds, acknowledged jobs
+    among them, would be gone without a word at the next write. An empty WAL file
+    is valid. Raises :class:`QueueCorrupt` with the same advice as a damaged
+    ``queue.db``; :class:`QueueStorageError` when the files cannot be read.
+    """
+    wal = path.with_name(path.name + "-wal")
+    try:
+        with open(wal, "rb") as handle:
+            header = handle.read(32)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise storage_error(wal, "cannot read", exc) from exc
+    if not header:
+        return
+    try:
+        with open(path, "rb") as handle:
+            db_header = handle.read(100)
+    except OSError as exc:
+        raise storage_error(path, "cannot read", exc) from exc
+    problem = _wal_problem(header, db_header)
+    if problem is not None:
+        raise QueueCorrupt(
+            f"the queue's write-ahead log {wal} is damaged ({problem}): it may hold "
+            "acknowledged jobs that SQLite would drop without a word; move it and "
+            f"{path.name} aside together and inspect them with sqlite3 — capd never "
+            "replaces them")
+
+
+def _wal_problem(header: bytes, db_header: bytes) -> str | None:
+    """What is wrong with a WAL ``header`` (its first 32 bytes) for the database whose
+    first bytes are ``db_header``; None when it is sound."""
+    if len(header) < 32:
+        return f"{len(header)} bytes, shorter than a WAL header"
+    magic, version, page_size, _seq, _salt1, _salt2, sum1, sum2 = struct.unpack(
+        ">8I", header)
+    if magic not in _WAL_MAGIC:
+        return f"magic {magic:#010x} is not a WAL's"
+    if version != _WAL_VERSION:
+        return f"format version {version}, not {_WAL_VERSION}"
+    if len(db_header) >= 18:
+        raw = struct.unpack(">H", db_header[16:18])[0]
+        db_page = 65536 if raw == 1 else raw
+        if page_size != db_page:
+            return f"page size {page_size}, the database's is {db_page}"
+    words = struct.unpack(">6I" if magic & 1 else "<6I", header[:24])
+    s0 = s1 = 0
+    for i in range(0, 6, 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    if (s0, s1) != (sum1, sum2):
+        return "its header checksum does not match"
+    return None
+
+
+def free_space(path: Path) -> tuple[int, int]:
+    """Bytes free to an unprivileged writer on the file system holding ``path``, and its
+    size."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+RESERVE_MIN_BYTES = 16 * 2**20
+
+
+def default_reserve(total_bytes: int) -> int:
+    """The room kept for the queue's own progress: the larger of 16 MiB and 5 % of the
+    file system."""
+    return max(RESERVE_MIN_BYTES, total_bytes // 20)
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
-import errno
 import os
 import sqlite3
 import sys
@@ -26,9 +24,8 @@ from capd.recovery import (
 )
 from capd.recovery._queue_file import SCHEMA_VERSION
 
+from .disks import fill, tmpfs
 from .fakes import Clock
-
-MNT_DETACH = 2
 
 
 def request(n: int = 0) -> EnqueueRequest:
@@ -41,9 +38,11 @@ def clock() -> Clock:
     return Clock()
 
 
-async def open_queue(path: Path, clock: Clock) -> RetryQueue:
+async def open_queue(path: Path, clock: Clock, reserve_bytes: int = 0) -> RetryQueue:
+    """A queue on ``path``; with no reserve by default, so that the tests of a full disk
+    reach the disk's own limit (the reserve has tests of its own)."""
     return await RetryQueue.open(path, clock=clock, backoff=BackoffPolicy(max_attempts=3),
-                                 boot_id="boot-a")
+                                 boot_id="boot-a", reserve_bytes=reserve_bytes)
 
 
 # ----------------------------------------------------------------- creation
@@ -168,45 +167,13 @@ async def test_an_empty_file_that_appears_during_creation_is_refused(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 2 MiB tmpfs, unmounted afterwards."""
-    if sys.platform != "linux":
-        pytest.skip("mounting a small tmpfs needs Linux")
-    libc = ctypes.CDLL(None, use_errno=True)
-    target = tmp_path / "small"
-    target.mkdir()
-    where = os.fsencode(target)
-    if libc.mount(b"tmpfs", where, b"tmpfs", 0, b"size=2m") != 0:
-        code = ctypes.get_errno()
-        if code in (errno.EPERM, errno.EACCES):
-            pytest.skip(f"cannot mount a tmpfs ({os.strerror(code)}): the disk-full tests need "
-                        "root or CAP_SYS_ADMIN")
-        pytest.fail(f"mount tmpfs on {target} failed: {os.strerror(code)}")
-    try:
+    with tmpfs(tmp_path / "small", "2m") as target:
         yield target
-    finally:
-        if libc.umount2(where, 0) != 0:
-            code = ctypes.get_errno()
-            libc.umount2(where, MNT_DETACH)
-            pytest.fail(f"{target} was still busy at unmount ({os.strerror(code)}): "
-                        "a test left a file open")
 
 
 def fill_disk(folder: Path) -> Path:
-    """Write a filler file until the filesystem has no block left; bounded by its size."""
-    filler = folder / "filler"
-    info = os.statvfs(folder)
-    size = info.f_blocks * info.f_frsize
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for chunk in (1 << 16, 1 << 12, 1 << 9):
-            for _ in range(size // chunk + 2):
-                try:
-                    os.write(fd, b"\0" * chunk)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    break
-    finally:
-        os.close(fd)
+    """Write a filler file until the filesystem has no block left."""
+    filler = fill(folder)
     assert os.statvfs(folder).f_bavail == 0
     return filler
 
@@ -387,3 +354,110 @@ async def test_postpone_of_a_finished_job_is_refused(tmp_path: Path, clock: Cloc
         assert (done.state, done.attempts) == ("done", 1)
     finally:
         await q.close()
+
+
+# ---------------------------------------------------------------- the reserve
+
+
+async def test_new_jobs_are_refused_under_the_reserve_and_queued_ones_still_finish(
+        tmp_path: Path, clock: Clock) -> None:
+    """Under the reserve an enqueue is refused (`disk nearly full`, QueueFull) before it
+    writes, the refusal is not a write error, and claims and completions still commit in
+    the room kept for them; with space back, enqueues succeed again."""
+    with tmpfs(tmp_path / "disk", "8m") as disk:
+        q = await open_queue(disk / "q.db", clock, reserve_bytes=3 << 20)
+        try:
+            acknowledged = [await q.enqueue(request(i)) for i in range(40)]
+            filler = fill(disk, leave_bytes=2 << 20)  # under the reserve, not full
+            q.SPACE_READ_S = 0.0  # read the free space at every enqueue
+            with pytest.raises(QueueFull, match="disk nearly full") as refused:
+                await q.enqueue(request(999))
+            assert "queue_reserve_bytes" in str(refused.value)
+            assert q.write_error is None  # a refusal of ours, not a failed write
+            free, reserve = q.space()
+            assert free < reserve == 3 << 20
+            claimed = await q.claim_due(40)
+            assert len(claimed) == 40
+            assert all([await q.complete(job) for job in claimed])
+            assert (await q.stats()).by_state["done"] == len(acknowledged)
+            filler.unlink()
+            assert (await q.enqueue(request(1000))).state == "pending"
+        finally:
+            await q.close()
+
+
+async def test_an_idle_checkpoint_empties_the_write_ahead_log(tmp_path: Path,
+                                                              clock: Clock) -> None:
+    path = tmp_path / "q.db"
+    q = await open_queue(path, clock)
+    try:
+        for i in range(200):
+            await q.enqueue(request(i))
+        wal = path.with_name("q.db-wal")
+        assert wal.stat().st_size > 0
+        await q.checkpoint("TRUNCATE")
+        assert wal.stat().st_size == 0
+        assert (await q.stats()).by_state["pending"] == 200
+    finally:
+        await q.close()
+
+
+# ---------------------------------------------------------------- a damaged WAL
+
+CRASHER = """
+import asyncio, os, sys
+from capd.recovery import EnqueueRequest, RetryQueue
+
+async def main():
+    q = await RetryQueue.open(__import__("pathlib").Path(sys.argv[1]), reserve_bytes=0)
+    for i in range(300):
+        await q.enqueue(EnqueueRequest(capability="notes.append", params={"n": i},
+                                       policy="replay", timeout_s=5.0, first_sent_at=0.0))
+    os._exit(0)  # as kill -9 would: the WAL keeps the 300 acknowledged jobs
+
+asyncio.run(main())
+"""
+
+
+def _crash_with_jobs_in_the_wal(path: Path) -> None:
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", CRASHER, str(path)], check=True, timeout=60)
+    assert path.with_name(path.name + "-wal").stat().st_size > 0
+
+
+async def test_a_crash_leaves_a_wal_that_opens_with_every_job(tmp_path: Path,
+                                                              clock: Clock) -> None:
+    path = tmp_path / "q.db"
+    _crash_with_jobs_in_the_wal(path)
+    q = await open_queue(path, clock)
+    try:
+        assert (await q.stats()).by_state["pending"] == 300
+    finally:
+        await q.close()
+
+
+@pytest.mark.parametrize("damage", ["magic", "checksum", "page_size", "short"])
+async def test_a_damaged_wal_stops_the_start_and_is_left_as_it_was(
+        tmp_path: Path, clock: Clock, damage: str) -> None:
+    """A WAL whose header is scribbled (SQLite would read it as empty and drop the 300
+    acknowledged jobs it holds) is refused with the advice for a damaged queue, and
+    neither file is touched."""
+    path = tmp_path / "q.db"
+    _crash_with_jobs_in_the_wal(path)
+    wal = path.with_name("q.db-wal")
+    data = bytearray(wal.read_bytes())
+    if damage == "magic":
+        data[0:4] = b"\0\0\0\0"
+    elif damage == "checksum":
+        data[16] ^= 0xFF  # a salt: the header's checksum no longer matches
+    elif damage == "page_size":
+        data[8:12] = (512).to_bytes(4, "big")
+    else:
+        del data[20:]
+    wal.write_bytes(bytes(data))
+    before = (path.read_bytes(), wal.read_bytes())
+    with pytest.raises(QueueCorrupt, match=r"write-ahead log .* is damaged") as refused:
+        await open_queue(path, clock)
+    assert "move it and q.db aside together" in str(refused.value)
+    assert (path.read_bytes(), wal.read_bytes()) == before

@@ -218,6 +218,10 @@ class CapdConfig(BaseSettings):
     drain_grace_s: float = Field(10.0, ge=0)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     queue_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    queue_reserve_bytes: int | None = Field(
+        None, ge=0, description="Free space kept on the queue's file system for finishing "
+        "queued jobs: new jobs are refused below it (NOT queued: disk nearly full). Default: "
+        "the larger of 16 MiB and 5 % of the file system.")
     retry_base_s: float = Field(1.0, gt=0)
     retry_factor: float = Field(2.0, ge=1)
     retry_cap_s: float = Field(300.0, gt=0)

@@ -13,6 +13,7 @@ ops run on ``op_executor``; plain probes, effect verifiers and before-hooks on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import gc
 import os
@@ -445,6 +446,7 @@ class Daemon:
             self.consent = ConsentStore.open(state_dir)  # refuses a damaged consent.json
             self.queue = await RetryQueue.open(
                 state_dir / "queue.db", synchronous=config.queue_synchronous,
+                reserve_bytes=config.queue_reserve_bytes,
                 backoff=self.loaded.backoff(),
                 # The sweep is made next (_run_with_queue); an enqueue wakes it from then on.
                 on_enqueue=lambda: self.sweep.wake() if self.sweep else None)
@@ -529,6 +531,7 @@ class Daemon:
                     live_every_s=config.probe_live_interval_s,
                 ))
                 tg.create_task(self._watch_loop_lag())
+                tg.create_task(self._checkpoint_when_idle(queue))
                 sweep_task = tg.create_task(self.sweep.run(self._stop))
                 if front_door is not None:
                     tg.create_task(front_door)
@@ -548,6 +551,27 @@ class Daemon:
         self.state = "stopped"
         log.info("stopped")
         return 0
+
+    checkpoint_every_s = 5.0
+    """How often an idle queue's write-ahead log is folded back and emptied."""
+
+    async def _checkpoint_when_idle(self, queue: RetryQueue) -> None:
+        """Empty the queue's WAL (a TRUNCATE checkpoint) once no group commit has run for a
+        while: SQLite's own PASSIVE checkpoints after batches fold it back but keep the
+        file's size, and a WAL that only grows takes the room the sweep needs."""
+        wal = queue.path.with_name(queue.path.name + "-wal")
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.checkpoint_every_s):
+                    await self._stop.wait()
+            if self._stop.is_set():
+                return
+            try:
+                size = wal.stat().st_size
+            except OSError:
+                continue
+            if size and queue.idle_s >= self.checkpoint_every_s:
+                await queue.checkpoint("TRUNCATE")
 
     def _front_door(self, api: Api) -> Coroutine[Any, Any, None] | None:
         """The MCP front door over HTTP, bound now (``[mcp.http]``), to serve until the

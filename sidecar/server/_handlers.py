@@ -178,6 +178,7 @@ async def _queue_health(d: Services) -> tuple[str, list[str], dict[str, list[dic
         notes.append(f"retry queue cannot write: {write_error}")
         checks["queue:writable"] = [{"componentType": "datastore", "status": "fail",
                                      "output": write_error}]
+    status, notes = _disk_health(d.queue, status, notes, checks)
     stuck = stats.by_state["dead"] + stats.by_state["needs_operator"]
     if stuck:
         status = "fail" if status == "fail" else "warn"
@@ -199,6 +200,36 @@ async def _queue_health(d: Services) -> tuple[str, list[str], dict[str, list[dic
         "status": "warn" if age is not None and age > limit else "pass",
         "observedValue": None if age is None else round(age, 3), "observedUnit": "s"}]
     return status, notes, checks
+
+
+FULL_BYTES = 1 << 20
+"""Free space under which the queue's file system counts as full (``/health`` fail)."""
+
+
+def _disk_health(queue: RetryQueue, status: str, notes: list[str],
+                 checks: dict[str, list[dict[str, Any]]]) -> tuple[str, list[str]]:
+    """The queue's file system: pass, warn under the reserve (new jobs refused), fail when
+    full; the free space as the observed value."""
+    try:
+        free, reserve = queue.space()
+    except RecoveryError as exc:
+        checks["queue:disk"] = [{"componentType": "datastore", "status": "fail",
+                                 "output": str(exc)}]
+        return "fail", [*notes, str(exc)]
+    mib = f"{free / 2**20:.1f} MiB free (reserve {reserve / 2**20:.1f} MiB)"
+    check: dict[str, Any] = {"componentType": "datastore", "status": "pass",
+                             "observedValue": free, "observedUnit": "bytes"}
+    if free < FULL_BYTES:
+        check.update(status="fail", output=f"the queue's disk is full: {mib}")
+        status = "fail"
+    elif free < reserve:
+        check.update(status="warn", output=f"the queue's disk is nearly full: {mib}; new "
+                     "jobs are refused until there is room, queued ones still finish")
+        status = "fail" if status == "fail" else "warn"
+    if "output" in check:
+        notes = [*notes, check["output"]]
+    checks["queue:disk"] = [check]
+    return status, notes
 
 
 async def livez(ctx: Context) -> Reply:
