@@ -48,6 +48,7 @@ from ._errors import (
     UnknownTool,
 )
 from ._jobs import JOB_STATES, Attempt, EnqueueRequest, Job, JobState, QueueStats
+from ._pg_queue import PgRetryQueue
 from ._queue import RetryQueue
 from ._queue_file import default_state_dir
 from ._recheck import (
@@ -57,6 +58,7 @@ from ._recheck import (
     RecheckStats,
     ToolRecheck,
 )
+from ._store import JobQueue
 from ._sweep import RetrySweep
 
 __all__ = [
@@ -73,7 +75,9 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidTransition",
     "Job",
+    "JobQueue",
     "JobState",
+    "PgRetryQueue",
     "QueueClosed",
     "QueueCorrupt",
     "QueueError",

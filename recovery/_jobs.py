@@ -15,6 +15,7 @@ import dataclasses
 import inspect
 import json
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -141,8 +142,9 @@ def _check_request_init() -> None:
 _check_request_init()
 
 
-def job_from_row(row: sqlite3.Row) -> Job:
-    """The :class:`Job` stored in one ``jobs`` row, validated (what an operator reads)."""
+def job_from_row(row: sqlite3.Row | Mapping[str, Any]) -> Job:
+    """The :class:`Job` stored in one ``jobs`` row (SQLite's or PostgreSQL's), validated
+    (what an operator reads)."""
     data = dict(row)
     data["params"] = json.loads(data["params"])
     return Job.model_validate(data)

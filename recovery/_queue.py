@@ -20,7 +20,7 @@ import os
 import random
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -70,6 +70,8 @@ _INSERT_ATTEMPT = ("INSERT INTO attempts (job_id, at, kind, fence, boot_id, outc
 
 class RetryQueue:
     """The durable retry queue. Open it with :meth:`open`; close it with :meth:`close`."""
+
+    shared = False  # one daemon's file: it claims every due job
 
     def __init__(
         self,
@@ -159,6 +161,11 @@ class RetryQueue:
         return None
 
     @property
+    def where(self) -> str:
+        """The queue file's path."""
+        return str(self.path)
+
+    @property
     def write_error_at(self) -> float | None:
         """When (by the queue's clock) the last group commit failed; None while writes succeed."""
         return self._store.write_error_at
@@ -203,8 +210,11 @@ class RetryQueue:
     SPACE_READ_S = 0.05
     """How long a reading of the file system's free space is reused (an enqueue's cost)."""
 
-    def space(self) -> tuple[int, int]:
+    def space(self) -> tuple[int, int] | None:
         """Bytes free on the queue's file system, and the reserve kept for its progress."""
+        return self._space_now()
+
+    def _space_now(self) -> tuple[int, int]:
         now = time.monotonic()
         if self._space is None or now - self._space[0] > self.SPACE_READ_S:
             try:
@@ -217,7 +227,7 @@ class RetryQueue:
         return self._space[1], self._space[2]
 
     def _check_reserve(self) -> None:
-        free, reserve = self.space()
+        free, reserve = self._space_now()
         if free < reserve:
             raise QueueFull(
                 f"disk nearly full: {free / 2**20:.1f} MiB free on the file system of "
@@ -339,7 +349,8 @@ class RetryQueue:
         count: int = await self._transaction(work)
         return count
 
-    async def claim_due(self, limit: int, *, grace_s: float = 5.0) -> list[Job]:
+    async def claim_due(self, limit: int, *, grace_s: float = 5.0,
+                        only: Collection[str] | None = None) -> list[Job]:
         """Claim up to ``limit`` due jobs, the earliest due first, in one transaction.
 
         Each claimed job's attempts are incremented *now* (a job that crashes the
@@ -348,6 +359,7 @@ class RetryQueue:
         :meth:`BackoffPolicy.decide` gives up on (every attempt used, or too
         old) goes to ``dead`` instead, its ``last_error`` saying why. The scan
         stops once the batch is full: later due jobs wait for the next claim.
+        With ``only``, jobs of other capabilities are left where they are.
         """
         now = self._clock()
 
@@ -358,6 +370,8 @@ class RetryQueue:
             for row in due:
                 if len(runnable) >= limit:
                     break
+                if only is not None and row["capability"] not in only:
+                    continue
                 decision = self.backoff.decide(
                     row["policy"], now=now, first_sent_at=row["first_sent_at"],
                     timeout_s=row["timeout_s"], attempts=row["attempts"],

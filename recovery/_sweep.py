@@ -41,8 +41,8 @@ from ._calls import apply_passive_health, call_capability
 from ._effects import verify_post_write_effects
 from ._errors import QueueClosed, QueueStorageError
 from ._jobs import Job
-from ._queue import RetryQueue
 from ._recheck import Rechecker
+from ._store import JobQueue
 
 log = structlog.get_logger("capd.sweep")
 
@@ -52,7 +52,7 @@ class RetrySweep:
 
     def __init__(
         self,
-        queue: RetryQueue,
+        queue: JobQueue,
         registry: Callable[[], Registry],
         rechecker: Rechecker,
         *,
@@ -133,7 +133,12 @@ class RetrySweep:
     async def sweep_once(self) -> int:
         """Requeue expired leases, claim due jobs and process them; return how many."""
         await self._queue.requeue_expired_leases()
-        jobs = await self._queue.claim_due(self._batch, grace_s=self.grace_s)
+        # A shared queue holds jobs of capabilities other daemons run: claim what we know.
+        only = None
+        if self._queue.shared:
+            snap = self._registry().snapshot()
+            only = {*snap.live, *snap.disabled}
+        jobs = await self._queue.claim_due(self._batch, grace_s=self.grace_s, only=only)
         if jobs:
             self.busy += len(jobs)
             try:

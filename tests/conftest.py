@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web as aioweb
 
 from .daemon import DaemonProcess, FlipServer, write_e2e_config
+from .pg import PostgresServer, postgres_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,3 +144,16 @@ def start(short_tmp: Path, web: FlipServer) -> Iterator[Start]:
     yield start_daemon
     for daemon in started:
         daemon.kill()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (Unix socket only) for the session."""
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> str:
+    """A new empty database on it, for one test."""
+    return postgres.new_database()

@@ -127,14 +127,18 @@ class CrashReport:
 class CrashRun:
     """A folder with the crash pack, and the daemon restarted round after round."""
 
-    def __init__(self, folder: Path, *, sweep_batch: int | None = None) -> None:
+    def __init__(self, folder: Path, *, sweep_batch: int | None = None,
+                 queue_url: str | None = None) -> None:
         """``sweep_batch`` 1 keeps one replayed job in flight at a time (capd's default
-        replays up to 32 at once, so one kill may land amid several writes)."""
+        replays up to 32 at once, so one kill may land amid several writes);
+        ``queue_url`` puts the queue in PostgreSQL instead of the SQLite file."""
         self.folder = folder
+        self.queue_url = queue_url
         (folder / "crash_pack.py").write_text(PACK)
         (folder / "caps.toml").write_text(CAPS)
         (folder / "capd.toml").write_text(textwrap.dedent(CONFIG) + (
-            f"sweep_batch = {sweep_batch}\n" if sweep_batch is not None else ""))
+            f"sweep_batch = {sweep_batch}\n" if sweep_batch is not None else "") + (
+            f'queue_url = "{queue_url}"\n' if queue_url else ""))
         self.mode = folder / "mode"
         self.out = folder / "out.txt"
         self.out.touch()
@@ -161,9 +165,24 @@ class CrashRun:
                     self.report.acked[token] = capability
 
     def check_integrity(self) -> None:
+        if self.queue_url:  # PostgreSQL's own recovery: every job row reads back
+            self._job_states()
+            return
         with sqlite3.connect(self.db) as raw:
             if raw.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
                 self.report.integrity_failures += 1
+
+    def _job_states(self) -> dict[str, str]:
+        """Each job's token and state, read from the queue's storage."""
+        if self.queue_url:
+            import psycopg
+
+            with psycopg.connect(self.queue_url) as conn:
+                rows = conn.execute("SELECT params::json->>'token', state FROM capd_jobs")
+                return dict(rows.fetchall())
+        with sqlite3.connect(self.db) as raw:
+            return dict(raw.execute(
+                "SELECT json_extract(params, '$.token'), state FROM jobs").fetchall())
 
     def round(self, point: str, per_capability: int = 2, timeout_s: float = 30.0) -> None:
         daemon = self.start("transient")
@@ -191,9 +210,7 @@ class CrashRun:
 
     def tally(self) -> CrashReport:
         written = Counter(self.out.read_text().split())
-        with sqlite3.connect(self.db) as raw:
-            states = dict(raw.execute(
-                "SELECT json_extract(params, '$.token'), state FROM jobs").fetchall())
+        states = self._job_states()
         for token, capability in self.report.acked.items():
             if written[token] == 0 or states.get(token) != "done":
                 self.report.lost.append(token)

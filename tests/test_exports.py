@@ -67,7 +67,8 @@ CLIENT = {"Response", "main", "request"}
 RECOVERY = {
     "DEFAULT_COOLDOWN_S", "JOB_STATES", "Attempt", "BackoffPolicy", "CallKind", "CallOutcome",
     "CapabilityRecheck", "EffectCheck", "EffectStatus", "EnqueueRequest", "IdempotencyConflict",
-    "InvalidTransition", "Job", "JobState", "QueueClosed", "QueueCorrupt", "QueueError",
+    "InvalidTransition", "Job", "JobQueue", "JobState", "PgRetryQueue", "QueueClosed",
+    "QueueCorrupt", "QueueError",
     "QueueFull", "QueueStats", "QueueStorageError", "RecheckStats", "Rechecker", "RecoveryError",
     "RetryQueue", "RetrySweep", "RunningAttempts", "ToolRecheck", "UnknownJob", "UnknownTool",
     "Verdict",

@@ -8,6 +8,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,8 @@ from capd.recovery import (
     EnqueueRequest,
     IdempotencyConflict,
     InvalidTransition,
+    JobQueue,
+    PgRetryQueue,
     QueueClosed,
     QueueCorrupt,
     QueueStorageError,
@@ -40,22 +43,39 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def queue(tmp_path: Path, clock: Clock) -> AsyncIterator[RetryQueue]:
+async def sqlite_queue(tmp_path: Path, clock: Clock) -> AsyncIterator[RetryQueue]:
     q = await RetryQueue.open(tmp_path / "q.db", clock=clock, rng=random.Random(7),
                               backoff=BackoffPolicy(max_attempts=3), boot_id="boot-a")
     yield q
     await q.close()
 
 
-async def test_pragmas_and_schema_version(tmp_path: Path, queue: RetryQueue) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def queue(request: pytest.FixtureRequest, tmp_path: Path,
+                clock: Clock) -> AsyncIterator[JobQueue]:
+    """The queue's semantics hold on both backends: the SQLite file and PostgreSQL."""
+    settings: dict[str, Any] = {"clock": clock, "rng": random.Random(7),
+                                "backoff": BackoffPolicy(max_attempts=3), "boot_id": "boot-a"}
+    q: JobQueue
+    if request.param == "sqlite":
+        q = await RetryQueue.open(tmp_path / "q.db", **settings)
+    else:
+        q = await PgRetryQueue.open(request.getfixturevalue("pg_url"), **settings)
+    yield q
+    await q.close()
+
+
+async def test_pragmas_and_schema_version(tmp_path: Path, sqlite_queue: JobQueue) -> None:
     """The file is WAL with user_version set; another connection sees it so."""
     with sqlite3.connect(tmp_path / "q.db") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
-async def test_enqueue_is_committed_before_it_returns(tmp_path: Path, queue: RetryQueue) -> None:
+async def test_enqueue_is_committed_before_it_returns(tmp_path: Path,
+                                                     sqlite_queue: JobQueue) -> None:
     """When enqueue returns, another connection already sees the job with its first error."""
+    queue = sqlite_queue
     job = await queue.enqueue(request(error="timeout", error_class="timeout"))
     with sqlite3.connect(tmp_path / "q.db") as raw:
         assert raw.execute("SELECT state, first_error FROM jobs WHERE id = ?",
@@ -64,7 +84,7 @@ async def test_enqueue_is_committed_before_it_returns(tmp_path: Path, queue: Ret
     assert (first.kind, first.outcome, first.detail) == ("enqueue", "timeout", "timeout")
 
 
-async def test_job_ids_are_unique_and_time_ordered(queue: RetryQueue) -> None:
+async def test_job_ids_are_unique_and_time_ordered(queue: JobQueue) -> None:
     """Ids sort in creation order, and never repeat."""
     jobs = [await queue.enqueue(request(i)) for i in range(50)]
     ids = [j.id for j in jobs]
@@ -72,15 +92,16 @@ async def test_job_ids_are_unique_and_time_ordered(queue: RetryQueue) -> None:
     assert len(set(ids)) == 50
 
 
-async def test_concurrent_enqueues_are_group_committed(queue: RetryQueue) -> None:
+async def test_concurrent_enqueues_are_group_committed(sqlite_queue: JobQueue) -> None:
     """200 concurrent enqueues land in far fewer transactions than jobs."""
+    queue = sqlite_queue
     jobs = await asyncio.gather(*(queue.enqueue(request(i)) for i in range(200)))
     assert len({j.id for j in jobs}) == 200
     assert queue.batched_jobs == 200
     assert queue.batches < 20
 
 
-async def test_claim_leases_increments_attempts_and_fences(queue: RetryQueue,
+async def test_claim_leases_increments_attempts_and_fences(queue: JobQueue,
                                                            clock: Clock) -> None:
     """A claim takes due jobs only, bumps attempts and fence, and sets lease = timeout + grace."""
     due = await queue.enqueue(request(1))
@@ -92,7 +113,7 @@ async def test_claim_leases_increments_attempts_and_fences(queue: RetryQueue,
     assert (await queue.get(later.id)).state == "pending"
 
 
-async def test_complete_is_conditional_on_the_fence(queue: RetryQueue, clock: Clock) -> None:
+async def test_complete_is_conditional_on_the_fence(queue: JobQueue, clock: Clock) -> None:
     """A stale worker whose lease was taken over cannot complete; the new holder can."""
     await queue.enqueue(request())
     (first,) = await queue.claim_due(1, grace_s=1)
@@ -108,7 +129,7 @@ async def test_complete_is_conditional_on_the_fence(queue: RetryQueue, clock: Cl
 
 
 async def test_retry_later_backs_off_with_jitter_and_honours_retry_after(
-        queue: RetryQueue, clock: Clock) -> None:
+        queue: JobQueue, clock: Clock) -> None:
     """A transient failure is due again within the jittered delay, or after retry_after."""
     await queue.enqueue(request())
     (job,) = await queue.claim_due(1)
@@ -134,7 +155,7 @@ async def test_backoff_policy_full_jitter_and_cap() -> None:
         assert max(delays) > ceiling * 0.8
 
 
-async def test_permanent_errors_go_dead_or_to_an_operator(queue: RetryQueue) -> None:
+async def test_permanent_errors_go_dead_or_to_an_operator(queue: JobQueue) -> None:
     """Permanent: replay jobs die; manual jobs wait for an operator."""
     await queue.enqueue(request(1))
     await queue.enqueue(request(2, policy="manual"))
@@ -146,7 +167,7 @@ async def test_permanent_errors_go_dead_or_to_an_operator(queue: RetryQueue) -> 
 
 
 async def test_a_poison_job_ends_dead_even_if_it_crashes_every_attempt(
-        queue: RetryQueue, clock: Clock) -> None:
+        queue: JobQueue, clock: Clock) -> None:
     """Attempts count at claim: a job whose worker always dies is dead after max_attempts."""
     job = await queue.enqueue(request())
     for _ in range(3):
@@ -160,7 +181,7 @@ async def test_a_poison_job_ends_dead_even_if_it_crashes_every_attempt(
     assert "no attempts left" in (dead.last_error or "")
 
 
-async def test_idempotency_keys(queue: RetryQueue) -> None:
+async def test_idempotency_keys(queue: JobQueue) -> None:
     """Same key and params: the same job; same key, other params: a conflict."""
     first = await queue.enqueue(request(1, idempotency_key="k1"))
     again = await queue.enqueue(request(1, idempotency_key="k1"))
@@ -190,7 +211,7 @@ async def test_previous_boot_leases_are_expired_at_start(tmp_path: Path, clock: 
         await new.close()
 
 
-async def test_operator_retry_cancel_and_purge(queue: RetryQueue, clock: Clock) -> None:
+async def test_operator_retry_cancel_and_purge(queue: JobQueue, clock: Clock) -> None:
     """Operators revive dead jobs, cancel waiting ones and purge finished ones."""
     job = await queue.enqueue(request())
     (claimed,) = await queue.claim_due(1)
@@ -209,7 +230,7 @@ async def test_operator_retry_cancel_and_purge(queue: RetryQueue, clock: Clock) 
         await queue.get(job.id)
 
 
-async def test_leased_jobs_cannot_be_cancelled(queue: RetryQueue) -> None:
+async def test_leased_jobs_cannot_be_cancelled(queue: JobQueue) -> None:
     """A running job is not cancelled under its worker."""
     job = await queue.enqueue(request())
     await queue.claim_due(1)
@@ -217,7 +238,7 @@ async def test_leased_jobs_cannot_be_cancelled(queue: RetryQueue) -> None:
         await queue.cancel(job.id)
 
 
-async def test_stats_and_next_wake(queue: RetryQueue, clock: Clock) -> None:
+async def test_stats_and_next_wake(queue: JobQueue, clock: Clock) -> None:
     """stats counts by state; next_wake_at is the earliest due time or lease deadline."""
     await queue.enqueue(request(1, run_at=clock.now + 30))
     await queue.enqueue(request(2, run_at=clock.now + 10))
@@ -227,7 +248,7 @@ async def test_stats_and_next_wake(queue: RetryQueue, clock: Clock) -> None:
     assert await queue.next_wake_at() == clock.now + 10
 
 
-async def test_closed_queue_refuses(queue: RetryQueue) -> None:
+async def test_closed_queue_refuses(queue: JobQueue) -> None:
     """After close, enqueue raises QueueClosed."""
     await queue.close()
     with pytest.raises(QueueClosed):
@@ -269,7 +290,7 @@ async def test_a_sqlite_file_without_the_capd_schema_is_refused_untouched(
         assert raw.execute("SELECT name FROM sqlite_master WHERE name = 'jobs'").fetchone() is None
 
 
-async def test_partial_completion_and_its_operator_retry(queue: RetryQueue) -> None:
+async def test_partial_completion_and_its_operator_retry(queue: JobQueue) -> None:
     """leased → partial (the op did part of the work); an operator can make it due again."""
     job = await queue.enqueue(request())
     (claimed,) = await queue.claim_due(1)

@@ -218,6 +218,10 @@ class CapdConfig(BaseSettings):
     drain_grace_s: float = Field(10.0, ge=0)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     queue_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    queue_url: str | None = Field(
+        None, description="postgresql://… : keep the retry queue in PostgreSQL, shared by "
+        "every daemon given the same URL (a fleet); unset, it is the SQLite file in the state "
+        "directory. Also CAPD_QUEUE_URL.")
     queue_reserve_bytes: int | None = Field(
         None, ge=0, description="Free space kept on the queue's file system for finishing "
         "queued jobs: new jobs are refused below it (NOT queued: disk nearly full). Default: "

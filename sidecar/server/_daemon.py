@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import structlog
 
-from capd.recovery import QueueStats, Rechecker, RetryQueue, RetrySweep, RunningAttempts, tracing
+from capd.recovery import (
+    JobQueue,
+    PgRetryQueue,
+    QueueStats,
+    Rechecker,
+    RetryQueue,
+    RetrySweep,
+    RunningAttempts,
+    tracing,
+)
 from capd.registry import (
     ConfigError,
     OpThreads,
@@ -142,7 +151,7 @@ class Daemon:
             lambda: self.registry, cooldown_s=config.recheck_cooldown_s,
             probe=partial(run_probe, executor=self.user_executor, upstreams=self.upstreams))
         self.running_attempts = RunningAttempts()
-        self.queue: RetryQueue | None = None  # opened by run(); the sink answers NOT queued before
+        self.queue: JobQueue | None = None  # opened by run(); the sink answers NOT queued before
         self.metrics = Metrics(self)
         # The policy is made from capd.toml and the registry's hooks once both exist, and
         # again at each reload; until then, nothing is configured (and nothing is served).
@@ -246,7 +255,10 @@ class Daemon:
             self._stop.set()
 
     def _with_agents(self, registry: Registry, loaded: LoadedConfig) -> Registry:
-        """``registry`` with a capability for each agent that declares an engine."""
+        """``registry`` with a capability for each agent that declares an engine (and, for a
+        shared queue, no capability whose replay only its own host could verify)."""
+        if loaded.config.queue_url:
+            _refuse_host_bound_verification(registry)
         try:
             return with_agents(registry, loaded.agents, self._agent_config)
         except ValueError as exc:
@@ -444,12 +456,20 @@ class Daemon:
         lock = acquire_state_lock(state_dir)
         try:
             self.consent = ConsentStore.open(state_dir)  # refuses a damaged consent.json
-            self.queue = await RetryQueue.open(
-                state_dir / "queue.db", synchronous=config.queue_synchronous,
-                reserve_bytes=config.queue_reserve_bytes,
-                backoff=self.loaded.backoff(),
-                # The sweep is made next (_run_with_queue); an enqueue wakes it from then on.
-                on_enqueue=lambda: self.sweep.wake() if self.sweep else None)
+            # The sweep is made next (_run_with_queue); an enqueue wakes it from then on.
+            def wake() -> None:
+                if self.sweep:
+                    self.sweep.wake()
+
+            if config.queue_url:  # a fleet's queue: serves even while the database is away
+                self.queue = await PgRetryQueue.open(
+                    config.queue_url, backoff=self.loaded.backoff(), on_enqueue=wake)
+                log.info("queue_shared", database=self.queue.where)
+            else:
+                self.queue = await RetryQueue.open(
+                    state_dir / "queue.db", synchronous=config.queue_synchronous,
+                    reserve_bytes=config.queue_reserve_bytes, backoff=self.loaded.backoff(),
+                    on_enqueue=wake)
             try:
                 return await self._run_with_queue(self.queue)
             finally:
@@ -459,7 +479,7 @@ class Daemon:
         finally:
             lock.release()
 
-    async def _run_with_queue(self, queue: RetryQueue) -> int:
+    async def _run_with_queue(self, queue: JobQueue) -> int:
         config = self.loaded.config
         loop = asyncio.get_running_loop()
         self.sweep = RetrySweep(queue, lambda: self.registry, self.rechecker,
@@ -476,7 +496,7 @@ class Daemon:
         self.policy = self._make_policy(self.loaded, registry)
         self.registry = registry
         counts = self.registry.snapshot().counts
-        log.info("registry_built", queue=str(queue.path), **counts)
+        log.info("registry_built", queue=queue.where, **counts)
 
         # Phase 3: take the socket systemd handed over, or bind our own (refusing if
         # another daemon answers there).
@@ -531,7 +551,8 @@ class Daemon:
                     live_every_s=config.probe_live_interval_s,
                 ))
                 tg.create_task(self._watch_loop_lag())
-                tg.create_task(self._checkpoint_when_idle(queue))
+                if isinstance(queue, RetryQueue):  # a database checkpoints itself
+                    tg.create_task(self._checkpoint_when_idle(queue))
                 sweep_task = tg.create_task(self.sweep.run(self._stop))
                 if front_door is not None:
                     tg.create_task(front_door)
@@ -623,6 +644,29 @@ class Daemon:
         # 6. Op threads still running past the grace period are abandoned, not awaited.
         self.op_executor.shutdown(wait=False, cancel_futures=True)
         self.user_executor.shutdown(wait=False, cancel_futures=True)
+
+
+HOST_BOUND_EFFECTS = frozenset({"file_contains", "file_exists"})
+"""Effects only the host that made the write can check: a local file. An http, command or
+op effect is checked from wherever the job is replayed."""
+
+
+def _refuse_host_bound_verification(registry: Registry) -> None:
+    """Raise :class:`ConfigError` naming each ``verify_first`` capability whose effects are
+    all on its own host's files: with a shared queue, another daemon may replay its job and
+    could not see them, so it would write twice."""
+    snap = registry.snapshot()
+    bound = sorted(
+        name for name in [*snap.live, *snap.disabled]
+        if (cap := registry.get(name)).retry_policy == "verify_first"
+        and all(effect.kind in HOST_BOUND_EFFECTS for effect in cap.effects))
+    if bound:
+        raise ConfigError(
+            f"queue_url is a shared queue, but {', '.join(bound)} "
+            f"{'verifies' if len(bound) == 1 else 'verify'} a replay only by this host's files "
+            "(file_exists, file_contains): another daemon replaying the job could not see them. "
+            "Declare an http, command or op effect any host can check, or retry_policy = "
+            "'replay' or 'manual'")
 
 
 def run_daemon(coro: Coroutine[Any, Any, _T]) -> _T:

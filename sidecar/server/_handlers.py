@@ -12,7 +12,7 @@ import orjson
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from capd.recovery import JOB_STATES, Job, RecoveryError, RetryQueue
+from capd.recovery import JOB_STATES, Job, JobQueue, RecoveryError
 from capd.registry import CALL_EVENTS, SAFETY_LEVELS, CallerHost, Capability, UnknownCapability
 
 from .._errors import BadRequest, ExportConflict, Forbidden, InvalidTimeout, UnknownProfile
@@ -206,16 +206,19 @@ FULL_BYTES = 1 << 20
 """Free space under which the queue's file system counts as full (``/health`` fail)."""
 
 
-def _disk_health(queue: RetryQueue, status: str, notes: list[str],
+def _disk_health(queue: JobQueue, status: str, notes: list[str],
                  checks: dict[str, list[dict[str, Any]]]) -> tuple[str, list[str]]:
     """The queue's file system: pass, warn under the reserve (new jobs refused), fail when
     full; the free space as the observed value."""
     try:
-        free, reserve = queue.space()
+        space = queue.space()
     except RecoveryError as exc:
         checks["queue:disk"] = [{"componentType": "datastore", "status": "fail",
                                  "output": str(exc)}]
         return "fail", [*notes, str(exc)]
+    if space is None:  # a database's disk is the database's to watch
+        return status, notes
+    free, reserve = space
     mib = f"{free / 2**20:.1f} MiB free (reserve {reserve / 2**20:.1f} MiB)"
     check: dict[str, Any] = {"componentType": "datastore", "status": "pass",
                              "observedValue": free, "observedUnit": "bytes"}
@@ -711,7 +714,7 @@ async def status(ctx: Context) -> Reply:
 
 # ------------------------------------------------------------------------ queue
 
-def _queue(ctx: Context) -> RetryQueue:
+def _queue(ctx: Context) -> JobQueue:
     if ctx.services.queue is None:
         raise BadRequest("the retry queue is not open")
     return ctx.services.queue

@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from capd.recovery import (
     EnqueueRequest,
     IdempotencyConflict,
+    JobQueue,
     QueueError,
-    RetryQueue,
     RunningAttempts,
 )
 from capd.registry import Capability, ThreadHandle
@@ -34,7 +34,7 @@ class QueueSink:
     queued.
     """
 
-    def __init__(self, queue: Callable[[], RetryQueue | None], running: RunningAttempts, *,
+    def __init__(self, queue: Callable[[], JobQueue | None], running: RunningAttempts, *,
                  verify_grace_s: float = 2.0, clock: Callable[[], float] = time.time) -> None:
         self._queue = queue  # the daemon opens it after building this
         self._running = running

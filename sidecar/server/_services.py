@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from capd.recovery import (
     CapabilityRecheck,
+    JobQueue,
     QueueStats,
     RecheckStats,
-    RetryQueue,
     ToolRecheck,
 )
 from capd.registry import (
@@ -348,7 +348,7 @@ class Services(Protocol):
     @property
     def reloader(self) -> Reloads: ...
     @property
-    def queue(self) -> RetryQueue | None: ...
+    def queue(self) -> JobQueue | None: ...
     @property
     def sweep(self) -> Sweeping | None: ...
     @property

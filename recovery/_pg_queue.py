@@ -1,0 +1,606 @@
+"""The retry queue in PostgreSQL, for a fleet: several daemons, one queue.
+
+:class:`PgRetryQueue` has :class:`RetryQueue`'s API and semantics (see
+``_queue``): a job is acknowledged after its COMMIT, a claim bumps a fencing
+counter and finishing is conditional on it, every change is written with a row
+of the audit trail in the same transaction, and time decisions come from the
+same :meth:`BackoffPolicy.decide`. What a shared queue changes:
+
+- claims take due rows ``FOR UPDATE SKIP LOCKED``: two daemons never claim the
+  same job, and neither waits for the other's rows;
+- a daemon claims only jobs of capabilities it knows (``claim_due(only=…)``): a
+  fleet whose hosts declare different capabilities shares one queue;
+- a lease outlives the host that took it: no daemon releases another's leases at
+  its start (a lost host's jobs come back when their leases run out);
+- the database may be unreachable, at the start or later: the daemon serves,
+  an enqueue answers NOT queued (:class:`QueueStorageError`), ``write_error``
+  says why (``/health`` fails), and everything resumes when it answers again.
+
+psycopg 3 (async) with its connection pool; plain SQL migrations, versioned in
+:data:`PG_MIGRATIONS` like the SQLite schema, applied under an advisory lock so
+that daemons starting together migrate once. Times are the daemons' clocks
+(seconds since the epoch, as in SQLite): keep the hosts' clocks in step (NTP).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Collection
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import structlog
+
+from ._decision import BackoffPolicy, Failure, RetryDecision
+from ._errors import (
+    IdempotencyConflict,
+    InvalidTransition,
+    QueueClosed,
+    QueueStorageError,
+    UnknownJob,
+)
+from ._jobs import (
+    JOB_STATES,
+    TERMINAL,
+    Attempt,
+    EnqueueRequest,
+    Job,
+    JobState,
+    QueueStats,
+    job_from_row,
+    params_text,
+)
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+log = structlog.get_logger("capd.queue")
+
+T = TypeVar("T")
+
+PG_SCHEMA_VERSION = 1
+PG_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE capd_jobs (
+        id TEXT PRIMARY KEY,
+        capability TEXT NOT NULL,
+        params TEXT NOT NULL,
+        idempotency_key TEXT UNIQUE,
+        policy TEXT NOT NULL CHECK (policy IN ('manual', 'replay', 'verify_first')),
+        state TEXT NOT NULL CHECK (state IN ('pending', 'leased', 'done', 'partial',
+                                             'needs_operator', 'dead', 'cancelled')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        max_attempts INTEGER NOT NULL,
+        next_run_at DOUBLE PRECISION NOT NULL,
+        lease_until DOUBLE PRECISION,
+        fence BIGINT NOT NULL DEFAULT 0,
+        boot_id TEXT,
+        first_sent_at DOUBLE PRECISION NOT NULL,
+        timeout_s DOUBLE PRECISION NOT NULL,
+        last_error TEXT,
+        error_class TEXT,
+        first_error TEXT,
+        first_error_class TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        retried_at DOUBLE PRECISION
+    );
+    CREATE INDEX capd_jobs_due ON capd_jobs (state, next_run_at);
+    CREATE TABLE capd_attempts (
+        id BIGSERIAL PRIMARY KEY,
+        job_id TEXT NOT NULL REFERENCES capd_jobs (id) ON DELETE CASCADE,
+        at DOUBLE PRECISION NOT NULL,
+        kind TEXT NOT NULL,
+        fence BIGINT,
+        boot_id TEXT,
+        outcome TEXT,
+        detail TEXT
+    );
+    CREATE INDEX capd_attempts_job ON capd_attempts (job_id, id);
+    """,
+}
+"""The schema by version; ``capd_schema`` holds the version a database is at."""
+
+_MIGRATION_LOCK = 0x63617064  # "capd": the advisory lock migrations run under
+
+_COLUMNS = ", ".join(Job.model_fields)
+_INSERT_JOB = (
+    "INSERT INTO capd_jobs (id, capability, params, idempotency_key, policy, state,"
+    " attempts, max_attempts, next_run_at, lease_until, fence, boot_id,"
+    " first_sent_at, timeout_s, last_error, error_class, first_error,"
+    " first_error_class, created_at, updated_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s, NULL, 0, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+_INSERT_ATTEMPT = ("INSERT INTO capd_attempts (job_id, at, kind, fence, boot_id, outcome,"
+                   " detail) VALUES (%s, %s, %s, %s, %s, %s, %s)")
+
+
+def _where(url: str) -> str:
+    """The database of ``url`` for people: ``postgresql://HOST/DBNAME``, never a password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = conninfo_to_dict(url)
+    except Exception:
+        return "postgresql (the configured database)"
+    return f"postgresql://{parts.get('host', 'localhost')}/{parts.get('dbname', '')}"
+
+
+def _unreachable(url: str, exc: BaseException) -> QueueStorageError:
+    """A database error as the queue's storage error, naming the database without its
+    password."""
+    error = QueueStorageError(f"the queue's database ({_where(url)}) cannot be used: "
+                              f"{type(exc).__name__}: {str(exc).strip() or 'no detail'}")
+    error.__cause__ = exc
+    return error
+
+
+class PgRetryQueue:
+    """The durable retry queue in PostgreSQL. Open it with :meth:`open`."""
+
+    shared = True  # other daemons claim from it too
+
+    def __init__(self, url: str, pool: AsyncConnectionPool, *, backoff: BackoffPolicy,
+                 clock: Callable[[], float], boot_id: str, rng: random.Random,
+                 on_enqueue: Callable[[], None]) -> None:
+        self.url = url
+        self.where = _where(url)  # what stats and logs name as the queue's place
+        self._pool = pool
+        self.backoff = backoff
+        self._clock = clock
+        self.boot_id = boot_id
+        self._rng = rng
+        self._on_enqueue = on_enqueue
+        self._id_low = int.from_bytes(os.urandom(3), "big") << 24
+        self._id_counter = 0
+        self._migrated = False
+        self._closed = False
+        self.write_error: str | None = None
+        self.write_error_at: float | None = None
+        self.batches = 0
+        self.batched_jobs = 0
+
+    @classmethod
+    async def open(cls, url: str, *, backoff: BackoffPolicy | None = None,
+                   clock: Callable[[], float] = time.time, boot_id: str | None = None,
+                   rng: random.Random | None = None, pool_size: int = 8,
+                   on_enqueue: Callable[[], None] | None = None,
+                   connect_timeout_s: float = 5.0) -> PgRetryQueue:
+        """A queue on the database at ``url`` (``postgresql://…``). Never fails for a
+        database that does not answer yet: the pool keeps trying, and each operation
+        raises :class:`QueueStorageError` until it answers (the schema is made or
+        migrated at the first that does)."""
+        try:
+            from psycopg.rows import dict_row
+            from psycopg_pool import AsyncConnectionPool
+        except ImportError as exc:
+            raise QueueStorageError(
+                "queue_url names a PostgreSQL queue, but psycopg is not installed: pip install "
+                "'capd[postgres]'") from exc
+
+        pool = AsyncConnectionPool(
+            url, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout_s,
+            kwargs={"autocommit": True, "row_factory": dict_row,
+                    "connect_timeout": max(1, int(connect_timeout_s))},
+            name="capd-queue", reconnect_timeout=float("inf"))
+        await pool.open(wait=False)
+        queue = cls(url, pool, backoff=backoff or BackoffPolicy(), clock=clock,
+                    boot_id=boot_id or os.urandom(6).hex(), rng=rng or random.Random(),
+                    on_enqueue=on_enqueue or (lambda: None))
+        try:
+            await queue._ensure_schema()
+        except QueueStorageError as exc:  # not there yet: the first operation that can, will
+            log.warning("queue_database_unreachable", error=str(exc))
+        return queue
+
+    async def close(self) -> None:
+        """Stop accepting and close the pool (every transaction handed in has finished)."""
+        if not self._closed:
+            self._closed = True
+            await self._pool.close()
+
+    # ---------------------------------------------------------------- plumbing
+
+    async def _ensure_schema(self) -> None:
+        if self._migrated:
+            return
+
+        async def migrate(conn: AsyncConnection[Any]) -> None:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                await conn.execute("CREATE TABLE IF NOT EXISTS capd_schema (version INTEGER "
+                                   "NOT NULL)")
+                row = await (await conn.execute("SELECT max(version) AS v FROM capd_schema")
+                             ).fetchone()
+                version = int(row["v"]) if row and row["v"] is not None else 0
+                if version > PG_SCHEMA_VERSION:
+                    raise QueueStorageError(
+                        f"the queue's database has schema version {version}, newer than this "
+                        f"capd understands ({PG_SCHEMA_VERSION}); upgrade capd")
+                for target in range(version + 1, PG_SCHEMA_VERSION + 1):
+                    await conn.execute(PG_MIGRATIONS[target])
+                    await conn.execute("INSERT INTO capd_schema (version) VALUES (%s)",
+                                       (target,))
+                    log.info("queue_migrated", database=self.where, version=target)
+
+        await self._run(migrate, migrating=True)
+        self._migrated = True
+
+    async def _run(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]], *,
+                   migrating: bool = False, writes: bool = False) -> T:
+        """``work`` on a pooled connection; database failures as :class:`QueueStorageError`
+        (kept in ``write_error`` for a write until one succeeds)."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if self._closed:
+            raise QueueClosed("the retry queue is closed")
+        if not migrating and not self._migrated:
+            try:
+                await self._ensure_schema()
+            except QueueStorageError as exc:
+                if writes:
+                    self._write_failed(exc)
+                raise
+        try:
+            async with self._pool.connection() as conn:
+                result = await work(conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+            error = _unreachable(self.url, exc)
+            if writes:
+                self._write_failed(error)
+            raise error from exc
+        except psycopg.Error as exc:
+            raise _unreachable(self.url, exc) from exc
+        if writes:
+            if self.write_error is not None:
+                log.info("queue_writable_again", database=self.where,
+                         failed_at=self.write_error_at)
+            self.write_error = self.write_error_at = None
+            self.batches += 1
+        return result
+
+    def _write_failed(self, error: QueueStorageError) -> None:
+        if self.write_error is None:
+            log.error("queue_database_failed", error=str(error))
+        self.write_error, self.write_error_at = str(error), self._clock()
+
+    async def _transaction(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+        async def inside(conn: AsyncConnection[Any]) -> T:
+            async with conn.transaction():
+                return await work(conn)
+
+        return await self._run(inside, writes=True)
+
+    async def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        async def read(conn: AsyncConnection[Any]) -> list[dict[str, Any]]:
+            return list(await (await conn.execute(sql, args)).fetchall())
+
+        return await self._run(read)
+
+    async def _audit(self, conn: AsyncConnection[Any], job_id: str, kind: str,
+                     fence: int | None, outcome: str | None, detail: str | None) -> None:
+        await conn.execute(_INSERT_ATTEMPT, (job_id, self._clock(), kind, fence, self.boot_id,
+                                             outcome, detail))
+
+    # ------------------------------------------------------------ enqueue
+
+    def space(self) -> tuple[int, int] | None:
+        """The database's disk is the database's to watch: None."""
+        return None
+
+    async def enqueue(self, request: EnqueueRequest) -> Job:
+        """Store ``request`` durably and return its job once the COMMIT is done (as
+        :meth:`RetryQueue.enqueue`)."""
+        now = self._clock()
+        self._id_counter = (self._id_counter + 1) % 0x1000000
+        job_id = f"{time.time_ns() << 48 | self._id_low | self._id_counter:028x}"
+        req = request
+        max_attempts = req.max_attempts or self.backoff.max_attempts
+        run_at = now if req.run_at is None else req.run_at
+        row = (job_id, req.capability, params_text(req.params), req.idempotency_key, req.policy,
+               req.state, max_attempts, run_at, self.boot_id, req.first_sent_at, req.timeout_s,
+               req.error, req.error_class, req.error, req.error_class, now, now)
+
+        async def keyed(conn: AsyncConnection[Any]) -> Job | None:
+            found = await (await conn.execute(
+                f"SELECT {_COLUMNS} FROM capd_jobs WHERE idempotency_key = %s",
+                (req.idempotency_key,))).fetchone()
+            if found is None:
+                return None
+            existing = job_from_row(found)
+            if existing.capability != req.capability or existing.params != req.params:
+                raise IdempotencyConflict(
+                    f"idempotency key {req.idempotency_key!r} is already used by job "
+                    f"{existing.id} for {existing.capability} with other parameters; "
+                    "use a new key")
+            return existing
+
+        async def work(conn: AsyncConnection[Any]) -> Job:
+            if req.idempotency_key is not None and (existing := await keyed(conn)):
+                return existing
+            inserted = await (await conn.execute(
+                _INSERT_JOB + " ON CONFLICT (idempotency_key) DO NOTHING RETURNING "
+                + _COLUMNS, row)).fetchone()
+            if inserted is not None:
+                return job_from_row(inserted)
+            # Another transaction stored the key meanwhile (it has committed: the insert
+            # waited for it): its job, if it is the same call.
+            existing = await keyed(conn)
+            assert existing is not None
+            return existing
+
+        job = await self._transaction(work)
+        self.batched_jobs += 1
+        self._on_enqueue()
+        return job
+
+    # ------------------------------------------------------------ leases
+
+    async def expire_previous_boot_leases(self) -> int:
+        """Nothing: in a shared queue another daemon's lease is live until it runs out
+        (:meth:`requeue_expired_leases` takes back a lost host's jobs then)."""
+        return 0
+
+    async def requeue_expired_leases(self) -> int:
+        """Leases past their deadline go back to pending (their worker is presumed gone)."""
+        now = self._clock()
+
+        async def work(conn: AsyncConnection[Any]) -> int:
+            rows = await (await conn.execute(
+                "UPDATE capd_jobs SET state = 'pending', lease_until = NULL, updated_at = %s"
+                " WHERE state = 'leased' AND lease_until < %s RETURNING id, fence",
+                (now, now))).fetchall()
+            for row in rows:
+                await self._audit(conn, row["id"], "lease_expired", row["fence"], "pending",
+                                  "lease ran out")
+            return len(rows)
+
+        return await self._transaction(work)
+
+    async def claim_due(self, limit: int, *, grace_s: float = 5.0,
+                        only: Collection[str] | None = None) -> list[Job]:
+        """Claim up to ``limit`` due jobs (of the capabilities in ``only``, when given), the
+        earliest due first, skipping rows another daemon holds; as
+        :meth:`RetryQueue.claim_due` otherwise."""
+        now = self._clock()
+        where = "" if only is None else " AND capability = ANY(%s)"
+        args: tuple[Any, ...] = (now, *(() if only is None else (list(only),)), limit * 2 + 8)
+
+        async def work(conn: AsyncConnection[Any]) -> list[Job]:
+            due = await (await conn.execute(
+                f"SELECT {_COLUMNS} FROM capd_jobs WHERE state = 'pending' AND next_run_at <= %s"
+                f"{where} ORDER BY next_run_at LIMIT %s FOR UPDATE SKIP LOCKED",
+                args)).fetchall()
+            jobs: list[Job] = []
+            for row in due:
+                if len(jobs) >= limit:
+                    break
+                decision: RetryDecision = self.backoff.decide(
+                    row["policy"], now=now, first_sent_at=row["first_sent_at"],
+                    timeout_s=row["timeout_s"], attempts=row["attempts"],
+                    max_attempts=row["max_attempts"],
+                    created_at=row["retried_at"] or row["created_at"], rng=self._rng)
+                if decision.state != "pending":
+                    error = f"{row['last_error'] or ''} [gave up: {decision.reason}]"
+                    await conn.execute("UPDATE capd_jobs SET state = %s, updated_at = %s,"
+                                       " last_error = %s WHERE id = %s",
+                                       (decision.state, now, error, row["id"]))
+                    await self._audit(conn, row["id"], "dead", row["fence"], decision.state,
+                                      error)
+                    continue
+                lease_until = now + row["timeout_s"] + grace_s
+                claimed = await (await conn.execute(
+                    "UPDATE capd_jobs SET state = 'leased', attempts = attempts + 1,"
+                    " fence = fence + 1, lease_until = %s, boot_id = %s, updated_at = %s"
+                    f" WHERE id = %s RETURNING {_COLUMNS}",
+                    (lease_until, self.boot_id, now, row["id"]))).fetchone()
+                assert claimed is not None  # the row is locked by this transaction
+                job = job_from_row(claimed)
+                await self._audit(conn, job.id, "claim", job.fence, None,
+                                  f"attempt {job.attempts}/{job.max_attempts}")
+                jobs.append(job)
+            return jobs
+
+        return await self._transaction(work)
+
+    async def extend_lease(self, job: Job, lease_s: float) -> bool:
+        """Push ``job``'s lease to now + ``lease_s`` if this worker still holds it."""
+        now = self._clock()
+
+        async def work(conn: AsyncConnection[Any]) -> bool:
+            cursor = await conn.execute(
+                "UPDATE capd_jobs SET lease_until = %s, updated_at = %s WHERE id = %s"
+                " AND fence = %s AND state = 'leased'", (now + lease_s, now, job.id, job.fence))
+            return cursor.rowcount == 1
+
+        return await self._transaction(work)
+
+    # ------------------------------------------------------------ completion
+
+    async def record(self, job: Job, kind: str, outcome: str | None, detail: Any = None) -> None:
+        """Append one row to ``job``'s audit trail."""
+        text = detail if isinstance(detail, str) or detail is None else json.dumps(detail)
+
+        async def work(conn: AsyncConnection[Any]) -> None:
+            await self._audit(conn, job.id, kind, job.fence, outcome, text)
+
+        await self._transaction(work)
+
+    async def complete(self, job: Job, *, state: Literal["done", "partial"] = "done",
+                       detail: str | None = None) -> bool:
+        """Finish ``job`` if this worker's fence still holds; False when it was taken over."""
+        return await self._finish(job, state, None, None, None, detail, "complete")
+
+    async def retry_later(self, job: Job, *, error: str, error_class: str,
+                          retry_after_s: float | None = None,
+                          permanent: bool = False) -> Job | None:
+        """Back ``job`` off, or give up on it (as :meth:`RetryQueue.retry_later`)."""
+        now = self._clock()
+        failure: Failure = "permanent" if permanent else "transient"
+        decision = self.backoff.decide(
+            job.policy, now=now, first_sent_at=job.first_sent_at, timeout_s=job.timeout_s,
+            attempts=job.attempts, max_attempts=job.max_attempts,
+            created_at=job.retried_at or job.created_at, failure=failure,
+            retry_after_s=retry_after_s, rng=self._rng)
+        state, next_run = decision.state, decision.run_at
+        if await self._finish(job, state, next_run, error, error_class, error, "retry"):
+            return job.model_copy(update={"state": state, "next_run_at": next_run,
+                                          "last_error": error, "error_class": error_class})
+        return None
+
+    async def park(self, job: Job, *, reason: str, error_class: str = "needs_operator") -> bool:
+        """Hand ``job`` to an operator (``needs_operator``), if this worker still holds it."""
+        return await self._finish(job, "needs_operator", None, reason, error_class, reason,
+                                  "park")
+
+    async def postpone(self, job: Job, *, run_at: float, detail: str) -> bool:
+        """Put a claimed ``job`` back to pending until ``run_at``, refunding its attempt."""
+        return await self._finish(job, "pending", run_at, None, None, detail, "postpone",
+                                  refund_attempt=True)
+
+    async def _finish(self, job: Job, state: JobState, next_run: float | None,
+                      error: str | None, error_class: str | None, detail: str | None,
+                      kind: str, *, refund_attempt: bool = False) -> bool:
+        now = self._clock()
+
+        async def work(conn: AsyncConnection[Any]) -> bool:
+            cursor = await conn.execute(
+                "UPDATE capd_jobs SET state = %s, lease_until = NULL,"
+                " next_run_at = coalesce(%s, next_run_at), last_error = coalesce(%s, last_error),"
+                " error_class = coalesce(%s, error_class), updated_at = %s,"
+                " attempts = greatest(attempts - %s, 0)"
+                " WHERE id = %s AND fence = %s AND state = 'leased'",
+                (state, next_run, error, error_class, now, int(refund_attempt), job.id,
+                 job.fence))
+            if cursor.rowcount != 1:
+                await self._audit(conn, job.id, "stale_worker", job.fence, "rejected",
+                                  f"{kind} to {state} refused: fence {job.fence} no longer holds")
+                return False
+            await self._audit(conn, job.id, kind, job.fence, state, detail)
+            return True
+
+        held = await self._transaction(work)
+        if not held:
+            log.warning("stale_worker_rejected", job=job.id, fence=job.fence, wanted=state)
+        return held
+
+    # ------------------------------------------------------------ operator
+
+    async def get(self, job_id: str) -> Job:
+        """Return the job ``job_id``; raise :class:`UnknownJob`."""
+        rows = await self._read(f"SELECT {_COLUMNS} FROM capd_jobs WHERE id = %s", (job_id,))
+        if not rows:
+            raise UnknownJob(f"no job {job_id!r}; see `capd queue list`")
+        return job_from_row(rows[0])
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        """The audit trail of ``job_id``, oldest first, starting with its enqueue."""
+        job = await self.get(job_id)
+        rows = await self._read("SELECT id, job_id, at, kind, fence, boot_id, outcome, detail"
+                                " FROM capd_attempts WHERE job_id = %s ORDER BY id", (job_id,))
+        enqueue = Attempt(id=0, job_id=job.id, at=job.created_at, kind="enqueue", fence=0,
+                          boot_id=None, outcome=job.first_error_class, detail=job.first_error)
+        return [enqueue, *(Attempt.model_validate(r) for r in rows)]
+
+    async def list_jobs(self, state: str | None = None, limit: int = 100) -> list[Job]:
+        """Jobs, newest first, optionally in one state."""
+        if state is not None and state not in JOB_STATES:
+            raise InvalidTransition(f"unknown state {state!r}; one of {', '.join(JOB_STATES)}")
+        if state is None:
+            rows = await self._read(
+                f"SELECT {_COLUMNS} FROM capd_jobs ORDER BY created_at DESC LIMIT %s", (limit,))
+        else:
+            rows = await self._read(
+                f"SELECT {_COLUMNS} FROM capd_jobs WHERE state = %s ORDER BY created_at DESC"
+                " LIMIT %s", (state, limit))
+        return [job_from_row(r) for r in rows]
+
+    async def operator_retry(self, job_id: str, *, actor: str | None = None) -> Job:
+        """Make a parked, dead, cancelled or partial job due now, with at least one more
+        attempt; ``created_at`` stays, the retry is appended to the trail."""
+        job = await self.get(job_id)
+        if job.state not in ("needs_operator", "dead", "cancelled", "partial"):
+            raise InvalidTransition(
+                f"job {job_id} is {job.state}; only needs_operator, dead, cancelled or partial "
+                "jobs can be retried")
+        now = self._clock()
+
+        async def work(conn: AsyncConnection[Any]) -> None:
+            await conn.execute(
+                "UPDATE capd_jobs SET state = 'pending', next_run_at = %s, updated_at = %s,"
+                " max_attempts = greatest(max_attempts, attempts + 1), retried_at = %s"
+                " WHERE id = %s AND state = %s", (now, now, now, job_id, job.state))
+            await self._audit(conn, job_id, "operator", job.fence, "pending",
+                              f"retry requested (was {job.state})"
+                              + (f" by {actor}" if actor else ""))
+
+        await self._transaction(work)
+        self._on_enqueue()
+        return await self.get(job_id)
+
+    async def cancel(self, job_id: str, *, actor: str | None = None) -> Job:
+        """Cancel a job that is not running or finished; ``actor`` goes to its audit trail."""
+        job = await self.get(job_id)
+        if job.state not in ("pending", "needs_operator", "dead"):
+            raise InvalidTransition(
+                f"job {job_id} is {job.state}; only pending, needs_operator or dead jobs can be "
+                "cancelled" + (" (it is running now: try again when it settles)"
+                               if job.state == "leased" else ""))
+
+        async def work(conn: AsyncConnection[Any]) -> None:
+            await conn.execute("UPDATE capd_jobs SET state = 'cancelled', updated_at = %s"
+                               " WHERE id = %s AND state = %s", (self._clock(), job_id, job.state))
+            await self._audit(conn, job_id, "operator", job.fence, "cancelled",
+                              f"cancelled (was {job.state})" + (f" by {actor}" if actor else ""))
+
+        await self._transaction(work)
+        return await self.get(job_id)
+
+    async def purge(self, state: str, older_than_s: float) -> int:
+        """Delete finished jobs in ``state`` not touched for ``older_than_s``; return how many."""
+        if state not in TERMINAL:
+            raise InvalidTransition(
+                f"only finished jobs can be purged ({', '.join(sorted(TERMINAL))}), not {state!r}")
+        cutoff = self._clock() - older_than_s
+
+        async def work(conn: AsyncConnection[Any]) -> int:
+            cursor = await conn.execute(
+                "DELETE FROM capd_jobs WHERE state = %s AND updated_at < %s", (state, cutoff))
+            return int(cursor.rowcount)
+
+        return await self._transaction(work)
+
+    async def stats(self) -> QueueStats:
+        """Counts by state, the oldest unfinished job and the next due time."""
+        rows = await self._read("SELECT state, count(*) AS n FROM capd_jobs GROUP BY state")
+        by_state = dict.fromkeys(JOB_STATES, 0)
+        by_state.update({r["state"]: int(r["n"]) for r in rows})
+        oldest = await self._read(
+            "SELECT id, capability, created_at FROM capd_jobs WHERE state IN ('pending', "
+            "'leased') ORDER BY created_at LIMIT 1")
+        due = await self._read(
+            "SELECT min(next_run_at) AS d FROM capd_jobs WHERE state = 'pending'")
+        created = oldest[0]["created_at"] if oldest else None
+        return QueueStats(
+            by_state=by_state,
+            oldest_pending_age_s=None if created is None else self._clock() - created,
+            oldest_pending=dict(oldest[0]) if oldest else None,
+            next_due_at=due[0]["d"] if due else None, path=self.where)
+
+    async def next_wake_at(self) -> float | None:
+        """When the sweep must next look: the earliest due job or lease deadline."""
+        rows = await self._read(
+            "SELECT min(CASE WHEN state = 'pending' THEN next_run_at END) AS d,"
+            " min(CASE WHEN state = 'leased' THEN lease_until END) AS l FROM capd_jobs"
+            " WHERE state IN ('pending', 'leased')")
+        values = [v for v in (rows[0]["d"], rows[0]["l"]) if v is not None] if rows else []
+        return min(values) if values else None
+
+    async def integrity_check(self) -> str:
+        """'ok' when the database answers and holds capd's schema."""
+        rows = await self._read("SELECT max(version) AS v FROM capd_schema")
+        version = rows[0]["v"] if rows else None
+        return "ok" if version == PG_SCHEMA_VERSION else f"schema version {version}"
