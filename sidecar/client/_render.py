@@ -40,14 +40,21 @@ def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
+_TIME_KEYS = frozenset({"at", "since", "expires", "last_probed"})
+
+
+def _is_time(key: str) -> bool:
+    """Whether a value under ``key`` is a time (seconds since the epoch)."""
+    return key.endswith("_at") or key in _TIME_KEYS
+
+
 def _text(key: str, value: Any) -> str:
     """A scalar for reading: a time (a key ending in ``_at`` or ``since``) as local time."""
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float) and (key.endswith("_at") or key in ("since", "expires")) \
-            and value > 1e9:
+    if isinstance(value, float) and _is_time(key) and value > 1e9:
         import time
 
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
@@ -76,6 +83,9 @@ def _fields(value: Any, depth: int, lines: list[str], key: str = "") -> None:
         if key:
             lines.append(label)
         for name, item in value.items():
+            if _is_time(key) and _scalar(item):  # {tool: time} under a time's key
+                lines.append(f"{'  ' * (depth + 1)}{_cell(name)}: {_text(key, item)}")
+                continue
             _fields(item, depth + 1 if key else depth, lines, str(name))
     elif isinstance(value, list):
         if all(_scalar(v) for v in value):

@@ -92,6 +92,34 @@ def hidden_from_service(program: Path) -> str | None:
     return None
 
 
+def service_cannot_run(program: Path) -> str | None:
+    """Why the system service could not run ``program``: it, or the Python it runs on, is
+    behind a folder other users cannot enter, or in one the unit's sandbox hides. None when
+    the service can."""
+    interpreter = Path(sys.executable).resolve()  # a venv's python links to its base
+    for path, what in ((program, str(program)), (interpreter, f"its Python {interpreter}")):
+        blocked = unusable_by_others(path)
+        if blocked is not None:
+            return f"{what}: {blocked} is closed to other users"
+        hidden = hidden_from_service(path)
+        if hidden is not None:
+            return f"{what}: {hidden}"
+    return None
+
+
+def systemd_version() -> int | None:
+    """The installed systemd's version (``systemctl --version``), or None."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["systemctl", "--version"], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    words = done.stdout.split()
+    return int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+
+
 def example_config_target(*, user: bool) -> Path:
     """Where ``--example`` copies the bundled example: /etc/capd, or
     ``~/.config/capd`` for the per-user units."""

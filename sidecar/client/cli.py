@@ -318,11 +318,11 @@ def cmd_install_units(args: argparse.Namespace) -> int:
     from ._units import (
         copy_example,
         example_config_target,
-        hidden_from_service,
         render_units,
         running_capd,
+        service_cannot_run,
+        systemd_version,
         unit_set,
-        unusable_by_others,
         write_units,
     )
 
@@ -338,19 +338,30 @@ def cmd_install_units(args: argparse.Namespace) -> int:
     if args.notify_reload and not system:
         raise UsageError("--notify-reload is for the system units (not with --user or "
                          "--launchd)")
-    if system and not args.print and not dest:
-        blocked = unusable_by_others(program)
-        why = (f"{blocked} is closed to other users" if blocked is not None
-               else hidden_from_service(program))
-        if why is not None:
-            echo(f"capd: the service cannot run {program}: {why}. Install capd where the "
-                 "service can run it (python3 -m venv /opt/capd && /opt/capd/bin/pip install "
-                 "/path/to/capd), then run /opt/capd/bin/capd install-units", err=True)
+    why = service_cannot_run(program) if system else None
+    if why is not None:
+        sentence = (f"the service cannot run {program}: {why}. Install capd where the service "
+                    "can run it, with a Python outside /root and /home (python3 -m venv "
+                    "/opt/capd && /opt/capd/bin/pip install /path/to/capd), then run "
+                    "/opt/capd/bin/capd install-units")
+        if not args.print and not dest:
+            echo(f"capd: {sentence}", err=True)
             return EXIT_FAILED
+        echo(f"capd: warning: {sentence}", err=True)  # printed or packaged: said, not refused
+    if args.notify_reload:
+        old = systemd_version()
+        if old is not None and old < 253:
+            echo(f"capd: warning: this systemd ({old}) predates Type=notify-reload (253): the "
+                 "unit would run as Type=simple with no reload; install without "
+                 "--notify-reload", err=True)
     units = unit_set(user=args.user, launchd=args.launchd, dest=dest, program=program,
                      notify_reload=args.notify_reload)
     if args.print:
         echo(Document(render_units(units)), end="")
+        if args.example:
+            echo(f"capd: --example would copy the bundled example to "
+                 f"{example_config_target(user=not system)} (unless a capd.toml is there)",
+                 err=True)
         return EXIT_OK
     try:
         written = write_units(units)
