@@ -39,6 +39,10 @@ class Option:
     repeat: bool = False
     # A positional that may be left out (`capd topology validate [TOPOLOGY]`).
     optional: bool = False
+    # What the value must read as; the CLI refuses anything else as a usage error (exit 2).
+    value: Literal["text", "count", "seconds"] = "text"
+    # An option the command needs (`capd export --format F`).
+    required: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
             Option(("--state",), "state", "only live or disabled ones",
                    choices=("live", "disabled")),
             Option(("--tag",), "tag", "only capabilities with this tag"),
-            Option(("--limit",), "limit", "at most this many (default 1000)"),
+            Option(("--limit",), "limit", "at most this many (default 1000)", value="count"),
             Option(("--cursor",), "cursor", "next_cursor of the previous page"),
             *HOST,
         ),
@@ -187,7 +191,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         options=(
             Option(("query",), "q", "what you want to do, in words (no quotes needed)",
                    positional=True, rest=True),
-            Option(("-k",), "k", "how many results (default 5)"),
+            Option(("-k",), "k", "how many results (default 5)", value="count"),
             Option(("--tag",), "tag", "only capabilities with these tags (comma-separated)"),
             Option(("--latency-class",), "latency_class", "inner, outer or both",
                    choices=("inner", "outer", "both")),
@@ -255,7 +259,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         "export", "Every capability's tool definition in one provider's format.", "GET",
         "/export", ("export",), "export",
         options=(Option(("--format",), "format", "the provider's tool-calling format",
-                        choices=PROVIDER_FORMATS),
+                        choices=PROVIDER_FORMATS, required=True),
                  Option(("--profile",), "profile", "only the capabilities this policy "
                         "profile ([profiles.NAME] in capd.toml) takes in"),
                  Option(("--include-disabled",), "include_disabled",
@@ -273,7 +277,8 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         "call", takes_params=True, render="call",
         options=(
             Option(("--timeout",), "timeout_s", "give up after this many seconds (at most the "
-                   "capability's timeout_s)", target="header", header="Capd-Timeout"),
+                   "capability's timeout_s)", target="header", header="Capd-Timeout",
+                   value="seconds"),
             Option(("--run-disabled",), "run_disabled", "run it even though it is disabled "
                    "(a write needs consent for capd.run_disabled)", is_flag=True,
                    target="header", header="Capd-Run-Disabled"),
@@ -328,7 +333,7 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         ("call-many",), "call_many", takes_params=True, render="json",
         options=(Option(("--timeout",), "timeout_s", "give up on each after this many "
                         "seconds (at most its capability's timeout_s)", target="header",
-                        header="Capd-Timeout"),),
+                        header="Capd-Timeout", value="seconds"),),
         examples=(
             """capd call-many --params '{"calls": [{"capability": "notes.search", """
             """"params": {"query": "a"}}, {"capability": "notes.search", "params": """
@@ -515,7 +520,8 @@ COMMANDS: tuple[OperatorCommand, ...] = (
         "queue-list", "List retry jobs, newest first.", "GET", "/queue", ("queue", "list"),
         "queue_list",
         options=(Option(("--state",), "state", "only jobs in this state"),
-                 Option(("--limit",), "limit", "at most this many (default 100)")),
+                 Option(("--limit",), "limit", "at most this many (default 100)",
+                        value="count")),
         render="jobs",
         examples=("capd queue list", "capd queue list --state needs_operator --limit 20"),
     ),

@@ -415,6 +415,19 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(short_tmp: Path) -
     assert not (short_tmp / "capd.sock").exists()
 
 
+@pytest.mark.parametrize("args", [
+    ("list", "--limit", "abc"), ("search", "x", "-k", "0"), ("export",),
+    ("call", "e2e.echo", "--timeout", "nan"), ("call", "e2e.echo", "--timeout", "-1"),
+])
+def test_a_malformed_value_or_a_missing_option_is_a_usage_error(args: tuple[str, ...]) -> None:
+    """The CLI refuses what it can see is wrong, before asking the daemon: exit 2 and the
+    usage, whether or not a daemon answers."""
+    done = capd(*args, socket=Path("/nonexistent/capd.sock"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"usage: capd {args[0]}")
+    assert "is the daemon running" not in done.stderr
+
+
 @pytest.mark.parametrize(("argv", "hint"), [
     (["lst"], "(did you mean list?)"),
     (["list", "--jsn"], "(did you mean --json"),

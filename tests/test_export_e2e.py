@@ -96,9 +96,12 @@ def test_bad_requests_say_what_to_do(daemon: DaemonProcess) -> None:
     assert typo.returncode != 0
     assert "unknown profile 'reader' (did you mean 'readers'?)" in typo.stderr
     assert typo.stdout == ""
-    missing = export(daemon)
-    assert missing.returncode != 0
-    assert "format must be openai, anthropic, mcp" in missing.stderr
+    missing = export(daemon)  # a usage error: the CLI says so itself
+    assert missing.returncode == 2
+    assert "the following arguments are required: --format" in missing.stderr
+    assert daemon.call("GET", "/export").status == 400  # the API says what to send
+    assert "format must be openai, anthropic, mcp" in daemon.call(
+        "GET", "/export").body["detail"]
     answer = daemon.call("GET", "/export?format=gemini")
     assert answer.status == 400
     assert "not 'gemini'" in answer.body["detail"]

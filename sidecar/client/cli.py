@@ -25,7 +25,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote, urlencode
@@ -62,6 +62,28 @@ PATH_PARAM_HELP = {"name": "a capability's name or alias", "tool": "a tool id fr
                    "call": "the call id a streamed call's question names",
                    "question": "the question's id in that call",
                    "token": "a token's name or id (capd token list)"}
+
+def _count(text: str) -> str:
+    """A whole number of at least 1 (checked here: a usage error, exit 2), sent as given."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return text
+
+
+def _seconds(text: str) -> str:
+    """A number of seconds above 0 (checked here: a usage error, exit 2), sent as given."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return text
+
+
+VALUE_TYPES: dict[str, Callable[[str], str]] = {"text": str, "count": _count,
+                                                "seconds": _seconds}
+"""How the CLI reads each kind of option value (``Option.value``)."""
 
 PATH_PARAM_NAMES = {"name": "capabilities", "tool": "tools", "id": "jobs"}
 """The path parameters whose values complete from the daemon (``_completion.NAME_KINDS``)."""
@@ -619,7 +641,8 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                                     metavar=option.dest.upper(), help=option.help)
             else:
                 action = parser.add_argument(*option.flags, dest=option.dest, help=option.help,
-                                             choices=option.choices)
+                                             choices=option.choices, required=option.required,
+                                             type=VALUE_TYPES[option.value])
                 if option.dest == "profile":  # a [profiles.NAME] of capd.toml
                     action.capd_names = "profiles"  # type: ignore[attr-defined]
         if row.takes_params:
