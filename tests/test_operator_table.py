@@ -48,8 +48,10 @@ def test_every_table_subcommand_takes_json_and_socket() -> None:
     parser = make_parser()
     for row in COMMANDS:
         positional = [o for o in row.options if o.positional]
-        argv = [*row.cli, *(["X"] * (len(row.path_params) + len(positional))), "--json",
-                "--socket", "/s"]
+        required = [word for o in row.options if o.required
+                    for word in (o.flags[0], (o.choices or ("x",))[0])]
+        argv = [*row.cli, *(["X"] * (len(row.path_params) + len(positional))), *required,
+                "--json", "--socket", "/s"]
         args = parser.parse_args(argv)
         assert args.json is True
         assert args.socket == "/s"
