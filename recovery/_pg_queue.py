@@ -25,6 +25,7 @@ that daemons starting together migrate once. Times are the daemons' clocks
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -180,6 +181,9 @@ class PgRetryQueue:
                 "queue_url names a PostgreSQL queue, but psycopg is not installed: pip install "
                 "'capd[postgres]'") from exc
 
+        # The pool would log each failed reconnection; the queue says it once (write_error,
+        # /health, queue_database_failed) and again when it is back.
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
         pool = AsyncConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout_s,
             kwargs={"autocommit": True, "row_factory": dict_row,
