@@ -24,6 +24,7 @@ import pytest
 from capd.sidecar.client._client import Response, _UnixConnection, request
 
 from .daemon import DaemonProcess, FlipServer
+from .disks import fill, tmpfs
 
 pytestmark = pytest.mark.slow  # starts the real daemon or the CLI as processes
 
@@ -417,34 +418,13 @@ def test_a_world_writable_socket_folder_is_refused(short_tmp: Path, web: FlipSer
 @pytest.fixture
 def small_tmpfs(short_tmp: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, unmounted at the end."""
-    mount = short_tmp / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with tmpfs(short_tmp / "disk", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _fill(folder: Path) -> Path:
     """Write a filler file until the filesystem is full."""
-    filler = folder / "filler"
-    chunk = b"\0" * 65536
-    with open(filler, "wb", buffering=0) as handle:
-        for _ in range(4096):  # bounded: 256 MiB at most
-            try:
-                handle.write(chunk)
-            except OSError:
-                break
-        for _ in range(64):
-            try:
-                handle.write(b"\0" * 512)
-            except OSError:
-                break
-    return filler
+    return fill(folder)
 
 
 def test_a_full_disk_degrades_the_daemon_never_kills_it(
@@ -452,7 +432,9 @@ def test_a_full_disk_degrades_the_daemon_never_kills_it(
 ) -> None:
     """Disk full: health fails with the cause, writes say NOT queued: disk full, reads work;
     space back: it heals by itself."""
-    config = write_config(short_tmp, web.port, state_dir=small_tmpfs / "state")
+    # the disk's own limit, without the reserve kept for the sweep (tested on its own)
+    config = write_config(short_tmp, web.port, state_dir=small_tmpfs / "state",
+                          queue_reserve_bytes=0)
     daemon = DaemonProcess(config, short_tmp / "capd.sock",
                            env={"HARD_DEAD_PORT": str(dead_port)}).start().wait_ready()
     try:
