@@ -15,7 +15,7 @@ import dataclasses
 import inspect
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +23,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from capd.registry import RetryPolicy, model_assembler
+
+from ._errors import InvalidTransition
 
 JobState = Literal["pending", "leased", "done", "partial", "needs_operator", "dead", "cancelled"]
 JOB_STATES: tuple[JobState, ...] = (
@@ -170,3 +172,63 @@ def params_text(params: dict[str, Any]) -> str:
         return orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()
     except TypeError:  # what orjson cannot hold (an int past 64 bits) the json module can
         return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+# The rules both backends share (``_queue`` and ``_pg_queue``): what an operator may do to a
+# job, and what the trail and the stats say, apart from how each stores it.
+
+RETRYABLE: frozenset[str] = frozenset({"needs_operator", "dead", "cancelled", "partial"})
+CANCELLABLE: frozenset[str] = frozenset({"pending", "needs_operator", "dead"})
+
+
+def check_retryable(job: Job) -> None:
+    """Raise :class:`InvalidTransition` unless an operator may retry ``job``."""
+    if job.state not in RETRYABLE:
+        raise InvalidTransition(
+            f"job {job.id} is {job.state}; only needs_operator, dead, cancelled or partial "
+            "jobs can be retried")
+
+
+def check_cancellable(job: Job) -> None:
+    """Raise :class:`InvalidTransition` unless an operator may cancel ``job``."""
+    if job.state not in CANCELLABLE:
+        raise InvalidTransition(
+            f"job {job.id} is {job.state}; only pending, needs_operator or dead jobs can be "
+            "cancelled" + (" (it is running now: try again when it settles)"
+                           if job.state == "leased" else ""))
+
+
+def check_purgeable(state: str) -> None:
+    """Raise :class:`InvalidTransition` unless ``state`` is one jobs are purged from."""
+    if state not in TERMINAL:
+        raise InvalidTransition(
+            f"only finished jobs can be purged ({', '.join(sorted(TERMINAL))}), not {state!r}")
+
+
+def check_listable(state: str | None) -> None:
+    """Raise :class:`InvalidTransition` for a state no job can be in."""
+    if state is not None and state not in JOB_STATES:
+        raise InvalidTransition(f"unknown state {state!r}; one of {', '.join(JOB_STATES)}")
+
+
+def operator_note(verb: str, job: Job, actor: str | None) -> str:
+    """The trail's words for an operator's ``verb`` (retry requested, cancelled) of ``job``."""
+    return f"{verb} (was {job.state})" + (f" by {actor}" if actor else "")
+
+
+def enqueue_entry(job: Job) -> Attempt:
+    """The first entry of ``job``'s trail: its enqueue, as the job row records it."""
+    return Attempt(id=0, job_id=job.id, at=job.created_at, kind="enqueue", fence=0,
+                   boot_id=None, outcome=job.first_error_class, detail=job.first_error)
+
+
+def queue_stats(counts: Iterable[Mapping[str, Any]], oldest: Mapping[str, Any] | None,
+                due: float | None, now: float, where: str) -> QueueStats:
+    """The stats from the counts by state, the oldest unfinished job's row and the next
+    due time."""
+    by_state = dict.fromkeys(JOB_STATES, 0)
+    by_state.update({r["state"]: int(r["n"]) for r in counts})
+    created = oldest["created_at"] if oldest else None
+    return QueueStats(
+        by_state=by_state, oldest_pending_age_s=None if created is None else now - created,
+        oldest_pending=dict(oldest) if oldest else None, next_due_at=due, path=where)

@@ -29,23 +29,27 @@ import structlog
 from ._decision import BackoffPolicy, Failure, RetryDecision
 from ._errors import (
     IdempotencyConflict,
-    InvalidTransition,
     QueueFull,
     QueueStorageError,
     UnknownJob,
 )
 from ._group_commit import GroupCommit
 from ._jobs import (
-    JOB_STATES,
-    TERMINAL,
     Attempt,
     EnqueueRequest,
     Job,
     JobState,
     QueueStats,
+    check_cancellable,
+    check_listable,
+    check_purgeable,
+    check_retryable,
+    enqueue_entry,
     job_from_row,
     job_of,
+    operator_note,
     params_text,
+    queue_stats,
 )
 from ._queue_file import default_reserve, free_space, open_queue_file, storage_error
 
@@ -524,14 +528,11 @@ class RetryQueue:
         job = await self.get(job_id)
         rows = await self._store.read("SELECT * FROM attempts WHERE job_id = ? ORDER BY id",
                                       (job_id,))
-        enqueue = Attempt(id=0, job_id=job.id, at=job.created_at, kind="enqueue", fence=0,
-                          boot_id=None, outcome=job.first_error_class, detail=job.first_error)
-        return [enqueue, *(Attempt.model_validate(dict(r)) for r in rows)]
+        return [enqueue_entry(job), *(Attempt.model_validate(dict(r)) for r in rows)]
 
     async def list_jobs(self, state: str | None = None, limit: int = 100) -> list[Job]:
         """Jobs, newest first, optionally in one state."""
-        if state is not None and state not in JOB_STATES:
-            raise InvalidTransition(f"unknown state {state!r}; one of {', '.join(JOB_STATES)}")
+        check_listable(state)
         if state is None:
             rows = await self._store.read(
                 "SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
@@ -546,10 +547,7 @@ class RetryQueue:
 
         ``actor`` (who asked: uid, pid, grant) is written to the job's audit trail."""
         job = await self.get(job_id)
-        if job.state not in ("needs_operator", "dead", "cancelled", "partial"):
-            raise InvalidTransition(
-                f"job {job_id} is {job.state}; only needs_operator, dead, cancelled or partial "
-                "jobs can be retried")
+        check_retryable(job)
         now = self._clock()
 
         def work(db: sqlite3.Connection) -> None:
@@ -558,8 +556,7 @@ class RetryQueue:
                 " max_attempts = max(max_attempts, attempts + 1), retried_at = ?"
                 " WHERE id = ? AND state = ?", (now, now, now, job_id, job.state))
             self._audit(db, job_id, "operator", job.fence, "pending",
-                        f"retry requested (was {job.state})"
-                        + (f" by {actor}" if actor else ""))
+                        operator_note("retry requested", job, actor))
 
         await self._transaction(work)
         self._on_enqueue()
@@ -568,26 +565,20 @@ class RetryQueue:
     async def cancel(self, job_id: str, *, actor: str | None = None) -> Job:
         """Cancel a job that is not running or finished; ``actor`` goes to its audit trail."""
         job = await self.get(job_id)
-        if job.state not in ("pending", "needs_operator", "dead"):
-            raise InvalidTransition(
-                f"job {job_id} is {job.state}; only pending, needs_operator or dead jobs can be "
-                "cancelled" + (" (it is running now: try again when it settles)"
-                               if job.state == "leased" else ""))
+        check_cancellable(job)
 
         def work(db: sqlite3.Connection) -> None:
             db.execute("UPDATE jobs SET state = 'cancelled', updated_at = ? WHERE id = ?"
                        " AND state = ?", (self._clock(), job_id, job.state))
             self._audit(db, job_id, "operator", job.fence, "cancelled",
-                        f"cancelled (was {job.state})" + (f" by {actor}" if actor else ""))
+                        operator_note("cancelled", job, actor))
 
         await self._transaction(work)
         return await self.get(job_id)
 
     async def purge(self, state: str, older_than_s: float) -> int:
         """Delete finished jobs in ``state`` not touched for ``older_than_s``; return how many."""
-        if state not in TERMINAL:
-            raise InvalidTransition(
-                f"only finished jobs can be purged ({', '.join(sorted(TERMINAL))}), not {state!r}")
+        check_purgeable(state)
         cutoff = self._clock() - older_than_s
 
         def work(db: sqlite3.Connection) -> int:
@@ -601,19 +592,13 @@ class RetryQueue:
     async def stats(self) -> QueueStats:
         """Counts by state, the oldest pending job's age and the next due time."""
         rows = await self._store.read("SELECT state, count(*) AS n FROM jobs GROUP BY state")
-        by_state = dict.fromkeys(JOB_STATES, 0)
-        by_state.update({r["state"]: r["n"] for r in rows})
         oldest = await self._store.read(
             "SELECT id, capability, created_at FROM jobs WHERE state IN ('pending', 'leased')"
             " ORDER BY created_at LIMIT 1")
         due = await self._store.read(
             "SELECT min(next_run_at) AS d FROM jobs WHERE state = 'pending'")
-        created = oldest[0]["created_at"] if oldest else None
-        return QueueStats(
-            by_state=by_state,
-            oldest_pending_age_s=None if created is None else self._clock() - created,
-            oldest_pending=dict(oldest[0]) if oldest else None,
-            next_due_at=due[0]["d"] if due else None, path=str(self.path))
+        return queue_stats([dict(r) for r in rows], dict(oldest[0]) if oldest else None,
+                           due[0]["d"] if due else None, self._clock(), self.where)
 
     async def next_wake_at(self) -> float | None:
         """When the sweep must next look: the earliest due job or lease deadline."""
