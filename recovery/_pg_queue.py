@@ -53,6 +53,7 @@ from ._jobs import (
     check_retryable,
     enqueue_entry,
     job_from_row,
+    job_of,
     operator_note,
     params_text,
     queue_stats,
@@ -108,6 +109,9 @@ PG_MIGRATIONS: dict[int, str] = {
     """,
 }
 """The schema by version; ``capd_schema`` holds the version a database is at."""
+
+_PSYCOPG: tuple[Any, Any] = (None, None)
+"""psycopg and the pool's timeout error, imported once a queue opens (never before)."""
 
 _MIGRATION_LOCK = 0x63617064  # "capd": the advisory lock migrations run under
 
@@ -170,21 +174,24 @@ class PgRetryQueue:
     @classmethod
     async def open(cls, url: str, *, backoff: BackoffPolicy | None = None,
                    clock: Callable[[], float] = time.time, boot_id: str | None = None,
-                   rng: random.Random | None = None, pool_size: int = 8,
+                   rng: random.Random | None = None, pool_size: int = 16,
                    on_enqueue: Callable[[], None] | None = None,
                    connect_timeout_s: float = 5.0) -> PgRetryQueue:
         """A queue on the database at ``url`` (``postgresql://…``). Never fails for a
         database that does not answer yet: the pool keeps trying, and each operation
         raises :class:`QueueStorageError` until it answers (the schema is made or
         migrated at the first that does)."""
+        global _PSYCOPG
         try:
+            import psycopg
             from psycopg.rows import dict_row
-            from psycopg_pool import AsyncConnectionPool
+            from psycopg_pool import AsyncConnectionPool, PoolTimeout
         except ImportError as exc:
             raise QueueStorageError(
                 "queue_url names a PostgreSQL queue, but psycopg is not installed: pip install "
                 "'capd[postgres]'") from exc
 
+        _PSYCOPG = (psycopg, PoolTimeout)
         # The pool would log each failed reconnection; the queue says it once (write_error,
         # /health, queue_database_failed) and again when it is back.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
@@ -240,9 +247,7 @@ class PgRetryQueue:
                    migrating: bool = False, writes: bool = False) -> T:
         """``work`` on a pooled connection; database failures as :class:`QueueStorageError`
         (kept in ``write_error`` for a write until one succeeds)."""
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
+        psycopg, PoolTimeout = _PSYCOPG  # the modules, imported at open
         if self._closed:
             raise QueueClosed("the retry queue is closed")
         if not migrating and not self._migrated:
@@ -301,7 +306,9 @@ class PgRetryQueue:
 
     async def enqueue(self, request: EnqueueRequest) -> Job:
         """Store ``request`` durably and return its job once the COMMIT is done (as
-        :meth:`RetryQueue.enqueue`)."""
+        :meth:`RetryQueue.enqueue`). One autocommit statement, its own transaction: the
+        INSERT (``ON CONFLICT DO NOTHING`` for a key); the job is built from the values
+        sent, as the SQLite queue builds it."""
         now = self._clock()
         self._id_counter = (self._id_counter + 1) % 0x1000000
         job_id = f"{time.time_ns() << 48 | self._id_low | self._id_counter:028x}"
@@ -311,39 +318,49 @@ class PgRetryQueue:
         row = (job_id, req.capability, params_text(req.params), req.idempotency_key, req.policy,
                req.state, max_attempts, run_at, self.boot_id, req.first_sent_at, req.timeout_s,
                req.error, req.error_class, req.error, req.error_class, now, now)
+        job = job_of({
+            "id": job_id, "capability": req.capability, "params": req.params,
+            "idempotency_key": req.idempotency_key, "policy": req.policy, "state": req.state,
+            "attempts": 0, "max_attempts": max_attempts, "next_run_at": run_at,
+            "lease_until": None, "fence": 0, "boot_id": self.boot_id,
+            "first_sent_at": req.first_sent_at, "timeout_s": req.timeout_s,
+            "last_error": req.error, "error_class": req.error_class, "first_error": req.error,
+            "first_error_class": req.error_class, "created_at": now, "updated_at": now,
+            "retried_at": None,
+        })
 
-        async def keyed(conn: AsyncConnection[Any]) -> Job | None:
-            found = await (await conn.execute(
-                f"SELECT {_COLUMNS} FROM capd_jobs WHERE idempotency_key = %s",
-                (req.idempotency_key,))).fetchone()
-            if found is None:
-                return None
-            existing = job_from_row(found)
-            if existing.capability != req.capability or existing.params != req.params:
-                raise IdempotencyConflict(
-                    f"idempotency key {req.idempotency_key!r} is already used by job "
-                    f"{existing.id} for {existing.capability} with other parameters; "
-                    "use a new key")
-            return existing
+        async def plain(conn: AsyncConnection[Any]) -> Job:
+            await conn.execute(_INSERT_JOB, row)
+            return job
 
-        async def work(conn: AsyncConnection[Any]) -> Job:
-            if req.idempotency_key is not None and (existing := await keyed(conn)):
+        async def keyed(conn: AsyncConnection[Any]) -> Job:
+            while True:
+                inserted = await (await conn.execute(
+                    _INSERT_JOB + " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
+                    row)).fetchone()
+                if inserted is not None:
+                    return job
+                # The key is taken (by a committed job: the insert waited for any other):
+                # its job, when it is the same call.
+                found = await (await conn.execute(
+                    f"SELECT {_COLUMNS} FROM capd_jobs WHERE idempotency_key = %s",
+                    (req.idempotency_key,))).fetchone()
+                if found is None:  # purged in between: the key is free again
+                    continue
+                existing = job_from_row(found)
+                if existing.capability != req.capability or existing.params != req.params:
+                    raise IdempotencyConflict(
+                        f"idempotency key {req.idempotency_key!r} is already used by job "
+                        f"{existing.id} for {existing.capability} with other parameters; "
+                        "use a new key")
                 return existing
-            inserted = await (await conn.execute(
-                _INSERT_JOB + " ON CONFLICT (idempotency_key) DO NOTHING RETURNING "
-                + _COLUMNS, row)).fetchone()
-            if inserted is not None:
-                return job_from_row(inserted)
-            # Another transaction stored the key meanwhile (it has committed: the insert
-            # waited for it): its job, if it is the same call.
-            existing = await keyed(conn)
-            assert existing is not None
-            return existing
 
-        job = await self._transaction(work)
-        self.batched_jobs += 1
+        stored = await self._run(keyed if req.idempotency_key is not None else plain,
+                                 writes=True)
+        if stored is job:
+            self.batched_jobs += 1
         self._on_enqueue()
-        return job
+        return stored
 
     # ------------------------------------------------------------ leases
 

@@ -222,6 +222,9 @@ class CapdConfig(BaseSettings):
         None, description="postgresql://… : keep the retry queue in PostgreSQL, shared by "
         "every daemon given the same URL (a fleet); unset, it is the SQLite file in the state "
         "directory. Also CAPD_QUEUE_URL.")
+    queue_pool_size: int = Field(
+        16, ge=1, le=256, description="With queue_url: the connections each daemon keeps to "
+        "the queue's database (concurrent writes beyond it wait for one).")
     queue_reserve_bytes: int | None = Field(
         None, ge=0, description="Free space kept on the queue's file system for finishing "
         "queued jobs: new jobs are refused below it (NOT queued: disk nearly full). Default: "

@@ -463,7 +463,8 @@ class Daemon:
 
             if config.queue_url:  # a fleet's queue: serves even while the database is away
                 self.queue = await PgRetryQueue.open(
-                    config.queue_url, backoff=self.loaded.backoff(), on_enqueue=wake)
+                    config.queue_url, backoff=self.loaded.backoff(), on_enqueue=wake,
+                    pool_size=config.queue_pool_size)
                 log.info("queue_shared", database=self.queue.where)
             else:
                 self.queue = await RetryQueue.open(
