@@ -567,7 +567,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cycle-jobs", type=int, default=1024,
                         help="jobs claimed and completed per cycle figure (a multiple of 64)")
-    parser.add_argument("--pool-size", type=int, default=8,
+    parser.add_argument("--pool-size", type=int, default=16,
                         help="capd's pool_size and procrastinate's max_size, alike")
     parser.add_argument("--out", type=Path, default=_HERE / "pg-queue-result.json")
     parser.add_argument("--results", type=Path, default=None,
