@@ -118,3 +118,38 @@ def test_state_is_bounded_whatever_the_rate() -> None:
     assert len(state.per_cap["c.x"].buckets) <= 61
     listed = loops.sessions()[0]
     assert listed["calls_last_minute"] == 20_000
+
+
+def test_sessions_idle_past_every_window_are_forgotten() -> None:
+    """A session whose last call left both the window and the minute holds nothing that can
+    count again: it is dropped (memory stays bounded by the sessions active in the last
+    minute, not by every session ever seen), and one still in its window is kept."""
+    loops, clock = detector()
+    for n in range(50):
+        loops.before(f"old-{n}", "x.y", {"n": n})
+    clock.now += 30
+    loops.before("recent", "x.y", {})
+    clock.now += 31  # the old ones: 61 s idle; recent: 31 s
+    loops.before("new", "x.y", {})
+    assert {s["session"] for s in loops.sessions()} == {"recent", "new"}
+    # what a kept session remembers still counts: its third identical call warns
+    loops.before("recent", "x.y", {})
+    assert loops.before("recent", "x.y", {}).decision == "warn"
+
+
+def test_a_short_fingerprint_is_its_own_small_object() -> None:
+    """A short key is a copy of orjson's bytes: orjson's own object keeps a 4 KiB buffer,
+    and a session keeps up to hundreds of keys."""
+    import tracemalloc
+
+    from capd.sidecar.server._loops import fingerprint
+
+    assert fingerprint({"n": 1}) == b'{"n":1}'
+    tracemalloc.start()
+    try:
+        kept = [fingerprint({"n": n}) for n in range(200)]
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(kept) == 200
+    assert held < 200 * 200  # a few dozen bytes each, not 4 KiB

@@ -69,7 +69,9 @@ def fingerprint(value: Any) -> bytes:
         raw = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     except TypeError:
         raw = repr(value).encode()
-    return raw if len(raw) <= 32 else hashlib.blake2b(raw, digest_size=16).digest()
+    # A short one is copied: orjson's own bytes object can hold on to a 4 KiB buffer.
+    return bytes(memoryview(raw)) if len(raw) <= 32 else hashlib.blake2b(
+        raw, digest_size=16).digest()
 
 
 MAX_TIMES_PER_CALL = 1024  # times kept per (capability, parameters): a repeat count stops there
@@ -141,7 +143,7 @@ class LoopDetector:
         p = self.policy
         key = session or "(anonymous)"
         now = self._clock()
-        state = self._session(key)
+        state = self._session(key, now)
         window = p.window_s
         repeats = state.repeats
         # forget the calls whose last time left the window (least recently called first)
@@ -204,7 +206,7 @@ class LoopDetector:
             return ALLOW
         key = session or "(anonymous)"
         now = self._clock()
-        state = self._session(key)
+        state = self._session(key, now)
         digest = fingerprint(result)
         previous = state.streaks.get(capability)
         count = 1
@@ -233,14 +235,23 @@ class LoopDetector:
                         "last_call_age_s": round(now - state.last_call, 3)})
         return out
 
-    def _session(self, key: str) -> _Session:
-        state = self._sessions.get(key)
+    def _session(self, key: str, now: float) -> _Session:
+        """``key``'s state, made the most recently used; sessions idle past every window
+        (nothing of theirs can count again) are forgotten, least recently used first."""
+        sessions = self._sessions
+        state = sessions.get(key)
         if state is None:
-            state = self._sessions[key] = _Session(in_window=_Seconds(self.policy.window_s))
-            while len(self._sessions) > self.policy.max_sessions:
-                self._sessions.popitem(last=False)
+            state = sessions[key] = _Session(in_window=_Seconds(self.policy.window_s))
+            while len(sessions) > self.policy.max_sessions:
+                sessions.popitem(last=False)
         else:
-            self._sessions.move_to_end(key)
+            sessions.move_to_end(key)
+        idle_after = max(self.policy.window_s, 60.0)  # the minute counts and the window
+        while sessions:
+            oldest_key, oldest = next(iter(sessions.items()))
+            if oldest is state or now - oldest.last_call <= idle_after:
+                break
+            del sessions[oldest_key]
         return state
 
     def _streak(self, state: _Session, capability: str, now: float) -> int:
