@@ -211,6 +211,13 @@ def check_listable(state: str | None) -> None:
         raise InvalidTransition(f"unknown state {state!r}; one of {', '.join(JOB_STATES)}")
 
 
+def changed_meanwhile(job: Job) -> InvalidTransition:
+    """The refusal of an operator's action on ``job`` when it left ``job.state`` between the
+    look and the change (the sweep or another operator): nothing is written."""
+    return InvalidTransition(f"job {job.id} changed while this was asked (it was {job.state}); "
+                             f"look again: capd queue show {job.id}")
+
+
 def operator_note(verb: str, job: Job, actor: str | None) -> str:
     """The trail's words for an operator's ``verb`` (retry requested, cancelled) of ``job``."""
     return f"{verb} (was {job.state})" + (f" by {actor}" if actor else "")
@@ -228,7 +235,9 @@ def queue_stats(counts: Iterable[Mapping[str, Any]], oldest: Mapping[str, Any] |
     due time."""
     by_state = dict.fromkeys(JOB_STATES, 0)
     by_state.update({r["state"]: int(r["n"]) for r in counts})
-    created = oldest["created_at"] if oldest else None
+    # an operator's retry makes a job young again (its created_at stays)
+    since = (oldest.get("since") or oldest["created_at"]) if oldest else None
+    shown = {k: v for k, v in oldest.items() if k != "since"} if oldest else None
     return QueueStats(
-        by_state=by_state, oldest_pending_age_s=None if created is None else now - created,
-        oldest_pending=dict(oldest) if oldest else None, next_due_at=due, path=where)
+        by_state=by_state, oldest_pending_age_s=None if since is None else now - since,
+        oldest_pending=shown, next_due_at=due, path=where)

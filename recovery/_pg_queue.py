@@ -47,6 +47,7 @@ from ._jobs import (
     Job,
     JobState,
     QueueStats,
+    changed_meanwhile,
     check_cancellable,
     check_listable,
     check_purgeable,
@@ -137,6 +138,15 @@ def _where(url: str) -> str:
     return f"postgresql://{parts.get('host', 'localhost')}/{parts.get('dbname', '')}"
 
 
+def _connection_lost(error: QueueStorageError) -> bool:
+    """Whether ``error`` is a connection that broke (the statement may or may not have
+    committed), not a refusal."""
+    psycopg = _PSYCOPG[0]
+    cause = error.__cause__
+    return psycopg is not None and isinstance(cause, psycopg.OperationalError | \
+                                              psycopg.InterfaceError)
+
+
 def _unreachable(url: str, exc: BaseException) -> QueueStorageError:
     """A database error as the queue's storage error, naming the database without its
     password."""
@@ -152,13 +162,17 @@ class PgRetryQueue:
     shared = True  # other daemons claim from it too
 
     def __init__(self, url: str, pool: AsyncConnectionPool, *, backoff: BackoffPolicy,
-                 clock: Callable[[], float], boot_id: str, rng: random.Random,
+                 clock: Callable[[], float] | None, boot_id: str, rng: random.Random,
                  on_enqueue: Callable[[], None]) -> None:
         self.url = url
         self.where = _where(url)  # what stats and logs name as the queue's place
         self._pool = pool
         self.backoff = backoff
-        self._clock = clock
+        # Every daemon's times (due, leases) are the database's clock: this host's clock
+        # plus the offset measured at each (re)connection. A host running ahead would
+        # otherwise take back a lease another still holds, and a job would run twice.
+        self._offset = 0.0
+        self._clock: Callable[[], float] = clock or (lambda: time.time() + self._offset)
         self.boot_id = boot_id
         self._rng = rng
         self._on_enqueue = on_enqueue
@@ -173,7 +187,7 @@ class PgRetryQueue:
 
     @classmethod
     async def open(cls, url: str, *, backoff: BackoffPolicy | None = None,
-                   clock: Callable[[], float] = time.time, boot_id: str | None = None,
+                   clock: Callable[[], float] | None = None, boot_id: str | None = None,
                    rng: random.Random | None = None, pool_size: int = 16,
                    on_enqueue: Callable[[], None] | None = None,
                    connect_timeout_s: float = 5.0) -> PgRetryQueue:
@@ -195,15 +209,24 @@ class PgRetryQueue:
         # The pool would log each failed reconnection; the queue says it once (write_error,
         # /health, queue_database_failed) and again when it is back.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        queue: PgRetryQueue | None = None
+
+        async def configure(conn: AsyncConnection[Any]) -> None:
+            # each new connection measures how far this host's clock is from the database's
+            if queue is not None:
+                await queue._measure_clock(conn)
+
         pool = AsyncConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout_s,
             kwargs={"autocommit": True, "row_factory": dict_row,
                     "connect_timeout": max(1, int(connect_timeout_s))},
-            name="capd-queue", reconnect_timeout=float("inf"))
-        await pool.open(wait=False)
+            name="capd-queue", reconnect_timeout=float("inf"), configure=configure,
+            # a connection the server dropped (a restart) is found before it is used
+            check=AsyncConnectionPool.check_connection)
         queue = cls(url, pool, backoff=backoff or BackoffPolicy(), clock=clock,
                     boot_id=boot_id or os.urandom(6).hex(), rng=rng or random.Random(),
                     on_enqueue=on_enqueue or (lambda: None))
+        await pool.open(wait=False)
         try:
             await queue._ensure_schema()
         except QueueStorageError as exc:  # not there yet: the first operation that can, will
@@ -218,12 +241,33 @@ class PgRetryQueue:
 
     # ---------------------------------------------------------------- plumbing
 
+    async def _measure_clock(self, conn: AsyncConnection[Any]) -> None:
+        before = time.time()
+        row = await (await conn.execute(
+            "SELECT extract(epoch from clock_timestamp())::float8 AS now")).fetchone()
+        after = time.time()
+        if row is not None:
+            self._offset = float(row["now"]) - (before + after) / 2
+
     async def _ensure_schema(self) -> None:
         if self._migrated:
             return
 
         async def migrate(conn: AsyncConnection[Any]) -> None:
             async with conn.transaction():
+                found = await (await conn.execute(
+                    "SELECT to_regclass('capd_schema') IS NOT NULL AS made")).fetchone()
+                version = 0
+                if found is not None and found["made"]:  # reading needs no CREATE right
+                    row = await (await conn.execute(
+                        "SELECT max(version) AS v FROM capd_schema")).fetchone()
+                    version = int(row["v"]) if row and row["v"] is not None else 0
+                if version >= PG_SCHEMA_VERSION:
+                    if version > PG_SCHEMA_VERSION:
+                        raise QueueStorageError(
+                            f"the queue's database has schema version {version}, newer than "
+                            f"this capd understands ({PG_SCHEMA_VERSION}); upgrade capd")
+                    return
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
                 await conn.execute("CREATE TABLE IF NOT EXISTS capd_schema (version INTEGER "
                                    "NOT NULL)")
@@ -260,13 +304,19 @@ class PgRetryQueue:
         try:
             async with self._pool.connection() as conn:
                 result = await work(conn)
-        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+        except PoolTimeout as exc:
+            error = QueueStorageError(
+                f"the queue's database ({self.where}) cannot be used: no connection within "
+                f"{self._pool.timeout:g} s (it does not answer, or all {self._pool.max_size} "
+                "are busy: queue_pool_size)")
+            if writes:
+                self._write_failed(error)
+            raise error from exc
+        except psycopg.Error as exc:  # refused rights, a read-only server, gone away...
             error = _unreachable(self.url, exc)
             if writes:
                 self._write_failed(error)
             raise error from exc
-        except psycopg.Error as exc:
-            raise _unreachable(self.url, exc) from exc
         if writes:
             if self.write_error is not None:
                 log.info("queue_writable_again", database=self.where,
@@ -330,7 +380,8 @@ class PgRetryQueue:
         })
 
         async def plain(conn: AsyncConnection[Any]) -> Job:
-            await conn.execute(_INSERT_JOB, row)
+            # the id is ours: sent again after a connection dropped, it lands once
+            await conn.execute(_INSERT_JOB + " ON CONFLICT (id) DO NOTHING", row)
             return job
 
         async def keyed(conn: AsyncConnection[Any]) -> Job:
@@ -355,8 +406,15 @@ class PgRetryQueue:
                         "use a new key")
                 return existing
 
-        stored = await self._run(keyed if req.idempotency_key is not None else plain,
-                                 writes=True)
+        store = keyed if req.idempotency_key is not None else plain
+        try:
+            stored = await self._run(store, writes=True)
+        except QueueStorageError as exc:
+            # The INSERT may have committed before the connection dropped: sending it again
+            # (it lands once, by its id or its key) answers the caller the truth.
+            if not _connection_lost(exc):
+                raise
+            stored = await self._run(store, writes=True)
         if stored is job:
             self.batched_jobs += 1
         self._on_enqueue()
@@ -548,10 +606,12 @@ class PgRetryQueue:
         now = self._clock()
 
         async def work(conn: AsyncConnection[Any]) -> None:
-            await conn.execute(
+            cursor = await conn.execute(
                 "UPDATE capd_jobs SET state = 'pending', next_run_at = %s, updated_at = %s,"
                 " max_attempts = greatest(max_attempts, attempts + 1), retried_at = %s"
                 " WHERE id = %s AND state = %s", (now, now, now, job_id, job.state))
+            if cursor.rowcount != 1:
+                raise changed_meanwhile(job)
             await self._audit(conn, job_id, "operator", job.fence, "pending",
                               operator_note("retry requested", job, actor))
 
@@ -565,8 +625,11 @@ class PgRetryQueue:
         check_cancellable(job)
 
         async def work(conn: AsyncConnection[Any]) -> None:
-            await conn.execute("UPDATE capd_jobs SET state = 'cancelled', updated_at = %s"
-                               " WHERE id = %s AND state = %s", (self._clock(), job_id, job.state))
+            cursor = await conn.execute(
+                "UPDATE capd_jobs SET state = 'cancelled', updated_at = %s WHERE id = %s"
+                " AND state = %s", (self._clock(), job_id, job.state))
+            if cursor.rowcount != 1:
+                raise changed_meanwhile(job)
             await self._audit(conn, job_id, "operator", job.fence, "cancelled",
                               operator_note("cancelled", job, actor))
 
@@ -589,19 +652,22 @@ class PgRetryQueue:
         """Counts by state, the oldest unfinished job and the next due time."""
         rows = await self._read("SELECT state, count(*) AS n FROM capd_jobs GROUP BY state")
         oldest = await self._read(
-            "SELECT id, capability, created_at FROM capd_jobs WHERE state IN ('pending', "
-            "'leased') ORDER BY created_at LIMIT 1")
+            "SELECT id, capability, created_at, coalesce(retried_at, created_at) AS since"
+            " FROM capd_jobs WHERE state IN ('pending', 'leased') ORDER BY since LIMIT 1")
         due = await self._read(
             "SELECT min(next_run_at) AS d FROM capd_jobs WHERE state = 'pending'")
         return queue_stats(rows, oldest[0] if oldest else None, due[0]["d"] if due else None,
                            self._clock(), self.where)
 
-    async def next_wake_at(self) -> float | None:
-        """When the sweep must next look: the earliest due job or lease deadline."""
+    async def next_wake_at(self, *, only: Collection[str] | None = None) -> float | None:
+        """When the sweep must next look: the earliest due job (of the capabilities in
+        ``only``: another daemon's due job must not wake this one again and again) or lease
+        deadline."""
+        where, args = ("", ()) if only is None else (" AND capability = ANY(%s)", (list(only),))
         rows = await self._read(
             "SELECT min(CASE WHEN state = 'pending' THEN next_run_at END) AS d,"
             " min(CASE WHEN state = 'leased' THEN lease_until END) AS l FROM capd_jobs"
-            " WHERE state IN ('pending', 'leased')")
+            f" WHERE state IN ('pending', 'leased'){where}", args)
         values = [v for v in (rows[0]["d"], rows[0]["l"]) if v is not None] if rows else []
         return min(values) if values else None
 

@@ -40,6 +40,7 @@ from ._jobs import (
     Job,
     JobState,
     QueueStats,
+    changed_meanwhile,
     check_cancellable,
     check_listable,
     check_purgeable,
@@ -70,6 +71,10 @@ _CLAIM = ("UPDATE jobs SET state = 'leased', attempts = ?, fence = ?, lease_unti
           " boot_id = ?, updated_at = ? WHERE id = ?")
 _INSERT_ATTEMPT = ("INSERT INTO attempts (job_id, at, kind, fence, boot_id, outcome, detail)"
                    " VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+class _Reserved(QueueFull):
+    """A new job refused under the disk reserve (the queue still writes: not a failure)."""
 
 
 class RetryQueue:
@@ -194,17 +199,18 @@ class RetryQueue:
         :class:`IdempotencyConflict` is raised. Raises :class:`QueueClosed`
         after :meth:`close`.
         """
-        self._check_reserve()  # a warning of its own (/health), not a write that failed
         new, row = self._new_job(request)
         try:
             if request.idempotency_key is None:
+                self._check_reserve()
                 # A new id cannot collide: a plain insert, batched with its neighbours.
                 job = await self._store.insert(_INSERT_JOB, row, new)
-            else:
+            else:  # a retry of a stored call is answered its job, whatever the disk
                 job = await self._transaction(
-                    lambda db: self._insert_keyed(db, request, new, row))
+                    lambda db: self._insert_keyed(db, request, new, row, self._check_reserve))
         except QueueStorageError as exc:
-            self._refused = (str(exc), self._clock())
+            if not isinstance(exc, _Reserved):  # under the reserve is a warning of its own
+                self._refused = (str(exc), self._clock())
             raise
         if job is new:  # a row was stored (a key already used stores nothing, proves nothing)
             self._refused = None
@@ -233,7 +239,7 @@ class RetryQueue:
     def _check_reserve(self) -> None:
         free, reserve = self._space_now()
         if free < reserve:
-            raise QueueFull(
+            raise _Reserved(
                 f"disk nearly full: {free / 2**20:.1f} MiB free on the file system of "
                 f"{self.path}, under the {reserve / 2**20:.1f} MiB kept for finishing the "
                 "jobs already queued (queue_reserve_bytes); free some space")
@@ -287,8 +293,9 @@ class RetryQueue:
 
     @staticmethod
     def _insert_keyed(db: sqlite3.Connection, req: EnqueueRequest, job: Job,
-                      row: tuple[Any, ...]) -> Job:
-        """Insert ``job`` unless its idempotency key is taken (on the database thread)."""
+                      row: tuple[Any, ...], check_room: Callable[[], None]) -> Job:
+        """Insert ``job`` unless its idempotency key is taken (on the database thread);
+        ``check_room`` refuses a new row under the reserve."""
         key = req.idempotency_key
         found = db.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
         if found is not None:
@@ -298,6 +305,7 @@ class RetryQueue:
                     f"idempotency key {key!r} is already used by job {existing.id} for "
                     f"{existing.capability} with other parameters; use a new key")
             return existing
+        check_room()
         db.execute(_INSERT_JOB, row)
         return job
 
@@ -551,10 +559,12 @@ class RetryQueue:
         now = self._clock()
 
         def work(db: sqlite3.Connection) -> None:
-            db.execute(
+            cursor = db.execute(
                 "UPDATE jobs SET state = 'pending', next_run_at = ?, updated_at = ?,"
                 " max_attempts = max(max_attempts, attempts + 1), retried_at = ?"
                 " WHERE id = ? AND state = ?", (now, now, now, job_id, job.state))
+            if cursor.rowcount != 1:
+                raise changed_meanwhile(job)
             self._audit(db, job_id, "operator", job.fence, "pending",
                         operator_note("retry requested", job, actor))
 
@@ -568,8 +578,10 @@ class RetryQueue:
         check_cancellable(job)
 
         def work(db: sqlite3.Connection) -> None:
-            db.execute("UPDATE jobs SET state = 'cancelled', updated_at = ? WHERE id = ?"
-                       " AND state = ?", (self._clock(), job_id, job.state))
+            cursor = db.execute("UPDATE jobs SET state = 'cancelled', updated_at = ? WHERE id = ?"
+                                " AND state = ?", (self._clock(), job_id, job.state))
+            if cursor.rowcount != 1:
+                raise changed_meanwhile(job)
             self._audit(db, job_id, "operator", job.fence, "cancelled",
                         operator_note("cancelled", job, actor))
 
@@ -593,15 +605,16 @@ class RetryQueue:
         """Counts by state, the oldest pending job's age and the next due time."""
         rows = await self._store.read("SELECT state, count(*) AS n FROM jobs GROUP BY state")
         oldest = await self._store.read(
-            "SELECT id, capability, created_at FROM jobs WHERE state IN ('pending', 'leased')"
-            " ORDER BY created_at LIMIT 1")
+            "SELECT id, capability, created_at, coalesce(retried_at, created_at) AS since"
+            " FROM jobs WHERE state IN ('pending', 'leased') ORDER BY since LIMIT 1")
         due = await self._store.read(
             "SELECT min(next_run_at) AS d FROM jobs WHERE state = 'pending'")
         return queue_stats([dict(r) for r in rows], dict(oldest[0]) if oldest else None,
                            due[0]["d"] if due else None, self._clock(), self.where)
 
-    async def next_wake_at(self) -> float | None:
-        """When the sweep must next look: the earliest due job or lease deadline."""
+    async def next_wake_at(self, *, only: Collection[str] | None = None) -> float | None:
+        """When the sweep must next look: the earliest due job or lease deadline (one
+        daemon's file: ``only`` is not needed, every job is its own)."""
         rows = await self._store.read(
             "SELECT min(CASE WHEN state = 'pending' THEN next_run_at END) AS d,"
             " min(CASE WHEN state = 'leased' THEN lease_until END) AS l FROM jobs"

@@ -107,7 +107,7 @@ class RetrySweep:
                     await self._queue.expire_previous_boot_leases()
                     recovered = True
                 await self.sweep_once()
-                wake_at = await self._queue.next_wake_at()
+                wake_at = await self._queue.next_wake_at(only=self._known())
             except QueueClosed:
                 return
             except QueueStorageError as exc:
@@ -130,15 +130,19 @@ class RetrySweep:
                 stopper.cancel()
                 waker.cancel()
 
+    def _known(self) -> set[str] | None:
+        """What this daemon claims from a shared queue, which holds jobs of capabilities
+        other daemons run: the capabilities it declares (None: every job, its own queue)."""
+        if not self._queue.shared:
+            return None
+        snap = self._registry().snapshot()
+        return {*snap.live, *snap.disabled}
+
     async def sweep_once(self) -> int:
         """Requeue expired leases, claim due jobs and process them; return how many."""
         await self._queue.requeue_expired_leases()
-        # A shared queue holds jobs of capabilities other daemons run: claim what we know.
-        only = None
-        if self._queue.shared:
-            snap = self._registry().snapshot()
-            only = {*snap.live, *snap.disabled}
-        jobs = await self._queue.claim_due(self._batch, grace_s=self.grace_s, only=only)
+        jobs = await self._queue.claim_due(self._batch, grace_s=self.grace_s,
+                                           only=self._known())
         if jobs:
             self.busy += len(jobs)
             try:

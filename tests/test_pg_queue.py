@@ -60,6 +60,9 @@ async def test_a_daemon_claims_only_the_capabilities_it_knows(
         two: tuple[PgRetryQueue, PgRetryQueue]) -> None:
     a, b = two
     notes = await a.enqueue(request(1, "notes.append"))
+    # another daemon's due job does not wake this one (its sweep would spin on it)
+    assert await b.next_wake_at(only={"mail.send"}) is None
+    assert await b.next_wake_at(only={"notes.append"}) == notes.next_run_at
     mail = await a.enqueue(request(2, "mail.send"))
     assert [j.id for j in await b.claim_due(10, only={"mail.send"})] == [mail.id]
     assert await b.claim_due(10, only={"mail.send"}) == []

@@ -21,6 +21,7 @@ from capd.recovery import (
     PgRetryQueue,
     QueueClosed,
     QueueCorrupt,
+    QueueFull,
     QueueStorageError,
     RetryQueue,
     UnknownJob,
@@ -373,3 +374,51 @@ async def test_a_new_queue_file_is_the_daemon_users_alone(tmp_path: Path) -> Non
                 assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name
     finally:
         await queue.close()
+
+
+async def test_a_retried_job_is_young_again_in_the_stats(queue: JobQueue, clock: Clock) -> None:
+    """The oldest unfinished job's age counts from an operator's retry (its created_at
+    stays): a week-old parked job retried now does not make /health warn of its age."""
+    job = await queue.enqueue(request(policy="manual", state="needs_operator"))
+    clock.advance(7 * 86400)
+    await queue.operator_retry(job.id)
+    stats = await queue.stats()
+    assert stats.oldest_pending_age_s == 0
+    assert stats.oldest_pending is not None
+    assert stats.oldest_pending["created_at"] == job.created_at
+
+
+async def test_an_operator_action_on_a_job_that_moved_meanwhile_writes_nothing(
+        queue: JobQueue) -> None:
+    """Between the look and the change the job left its state: refused, no trail entry."""
+    job = await queue.enqueue(request())
+    seen = await queue.get(job.id)
+    (claimed,) = await queue.claim_due(1)  # the sweep took it after the operator looked
+    assert claimed.id == job.id
+    trail = await queue.attempts(job.id)
+    stale = seen.model_copy(update={"state": "pending"})
+    get = queue.get
+
+    async def looked_before(job_id: str) -> Any:  # the operator's earlier look
+        return stale if job_id == job.id else await get(job_id)
+
+    queue.get = looked_before  # type: ignore[method-assign]
+    with pytest.raises(InvalidTransition, match="changed while this was asked"):
+        await queue.cancel(job.id)
+    queue.get = get  # type: ignore[method-assign]
+    assert await queue.attempts(job.id) == trail
+    assert (await queue.get(job.id)).state == "leased"
+
+
+async def test_a_keyed_retry_under_the_reserve_is_answered_its_job(
+        sqlite_queue: RetryQueue) -> None:
+    """A caller retrying a stored call (same idempotency key) under the disk reserve gets
+    its job, not NOT queued; a new call is refused."""
+    first = await sqlite_queue.enqueue(request(1, idempotency_key="k"))
+    sqlite_queue._reserve_setting = 1 << 62  # every file system is under it now
+    sqlite_queue._space = None
+    again = await sqlite_queue.enqueue(request(1, idempotency_key="k"))
+    assert again.id == first.id
+    with pytest.raises(QueueFull, match="disk nearly full"):
+        await sqlite_queue.enqueue(request(2, idempotency_key="other"))
+    assert sqlite_queue.write_error is None
