@@ -220,7 +220,9 @@ class PgRetryQueue:
             url, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout_s,
             kwargs={"autocommit": True, "row_factory": dict_row,
                     "connect_timeout": max(1, int(connect_timeout_s))},
-            name="capd-queue", reconnect_timeout=float("inf"), configure=configure,
+            # A connection attempt backs off (1 s, 2 s, 4 s...) for 20 s at most, then the
+            # next operation starts a fresh one: the queue resumes soon after the database.
+            name="capd-queue", reconnect_timeout=20.0, configure=configure,
             # a connection the server dropped (a restart) is found before it is used
             check=AsyncConnectionPool.check_connection)
         queue = cls(url, pool, backoff=backoff or BackoffPolicy(), clock=clock,

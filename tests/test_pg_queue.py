@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 
@@ -21,6 +23,8 @@ from .fakes import Clock
 from .pg import postgres_server
 
 pytestmark = pytest.mark.slow  # a real PostgreSQL server
+
+T = TypeVar("T")
 
 
 def request(n: int = 0, capability: str = "notes.append") -> EnqueueRequest:
@@ -90,6 +94,18 @@ async def test_another_daemons_lease_outlives_this_ones_start(pg_url: str) -> No
         await b.close()
 
 
+async def eventually(attempt: Callable[[], Awaitable[T]], within_s: float = 60) -> T:
+    """``attempt()`` once it stops raising QueueStorageError (the pool reconnecting)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await attempt()
+        except QueueStorageError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def test_a_database_away_at_the_start_and_later_degrades_then_resumes() -> None:
     """The queue opens while the server is down; an enqueue is refused with why (no
     password in it) and kept as the write error; once the server answers, the schema is
@@ -104,7 +120,7 @@ async def test_a_database_away_at_the_start_and_later_degrades_then_resumes() ->
             assert "s3cret" not in str(refused.value)
             assert queue.write_error is not None
             server.start_again()
-            job = await queue.enqueue(request(1))
+            job = await eventually(lambda: queue.enqueue(request(1)))
             assert queue.write_error is None
             assert (await queue.get(job.id)).state == "pending"
             server.stop()
@@ -113,7 +129,7 @@ async def test_a_database_away_at_the_start_and_later_degrades_then_resumes() ->
             with pytest.raises(QueueStorageError):
                 await queue.stats()
             server.start_again()
-            assert (await queue.stats()).by_state["pending"] == 1
+            assert (await eventually(queue.stats)).by_state["pending"] == 1
             await queue.enqueue(request(3))
             assert (await queue.stats()).by_state["pending"] == 2
         finally:
