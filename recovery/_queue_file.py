@@ -129,8 +129,11 @@ def check_wal(path: Path) -> None:
     """Refuse a ``-wal`` file beside ``path`` that is not a valid WAL of that database.
 
     SQLite treats a WAL whose header is damaged (its magic, version, page size or
-    header checksum wrong) as empty: the transactions it holds, acknowledged jobs
-    among them, would be gone without a word at the next write. An empty WAL file
+    header checksum wrong) as empty, and reads one only up to its first damaged frame:
+    the transactions after it, acknowledged jobs among them, would be gone without a
+    word at the next write. So a damaged header is refused, and so is a damaged frame
+    with frames of the same log after it (a frame torn at the very end, by a crash in
+    the middle of a write that was never acknowledged, is not damage). An empty WAL file
     is valid. Raises :class:`QueueCorrupt` with the same advice as a damaged
     ``queue.db``; :class:`QueueStorageError` when the files cannot be read.
     """
@@ -150,6 +153,8 @@ def check_wal(path: Path) -> None:
     except OSError as exc:
         raise storage_error(path, "cannot read", exc) from exc
     problem = _wal_problem(header, db_header)
+    if problem is None:
+        problem = _broken_frame(wal, header)
     if problem is not None:
         raise QueueCorrupt(
             f"the queue's write-ahead log {wal} is damaged ({problem}): it may hold "
@@ -181,6 +186,47 @@ def _wal_problem(header: bytes, db_header: bytes) -> str | None:
         s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
     if (s0, s1) != (sum1, sum2):
         return "its header checksum does not match"
+    return None
+
+
+WAL_FRAMES_CHECKED_UP_TO = 256 << 20
+"""A longer WAL has its header checked only (its frames would take seconds to sum)."""
+
+
+def _broken_frame(wal: Path, header: bytes) -> str | None:
+    """Where the frames of a WAL whose ``header`` is sound break with more of the same log
+    after the break; None when every frame of it checks out, or only the last one is torn.
+    """
+    magic, _version, page_size, _seq, salt1, salt2, sum1, sum2 = struct.unpack(">8I", header)
+    order = ">" if magic & 1 else "<"
+    frame = 24 + page_size
+    try:
+        if wal.stat().st_size > WAL_FRAMES_CHECKED_UP_TO:
+            log.warning("queue_wal_not_summed", path=str(wal), bytes=wal.stat().st_size)
+            return None
+        data = wal.read_bytes()
+    except OSError as exc:
+        raise storage_error(wal, "cannot read", exc) from exc
+    words = struct.Struct(f"{order}{(8 + page_size) // 4}I")
+    s0, s1 = sum1, sum2
+    offset, index = 32, 0
+    while offset + frame <= len(data):
+        _page, _commit, f1, f2, c1, c2 = struct.unpack_from(">6I", data, offset)
+        if (f1, f2) != (salt1, salt2):
+            return None  # the end of this log: what follows is an older one's
+        values = words.unpack(data[offset:offset + 8] + data[offset + 24:offset + frame])
+        for i in range(0, len(values), 2):
+            s0 = (s0 + values[i] + s1) & 0xFFFFFFFF
+            s1 = (s1 + values[i + 1] + s0) & 0xFFFFFFFF
+        if (s0, s1) != (c1, c2):
+            later = offset + frame
+            while later + frame <= len(data):
+                if struct.unpack_from(">2I", data, later + 8) == (salt1, salt2):
+                    return (f"frame {index + 1} does not match its checksum and more of the "
+                            "log follows it")
+                later += frame
+            return None  # a torn last frame: never committed, so never acknowledged
+        offset, index = offset + frame, index + 1
     return None
 
 

@@ -437,7 +437,7 @@ async def test_a_crash_leaves_a_wal_that_opens_with_every_job(tmp_path: Path,
         await q.close()
 
 
-@pytest.mark.parametrize("damage", ["magic", "checksum", "page_size", "short"])
+@pytest.mark.parametrize("damage", ["magic", "checksum", "page_size", "short", "frame"])
 async def test_a_damaged_wal_stops_the_start_and_is_left_as_it_was(
         tmp_path: Path, clock: Clock, damage: str) -> None:
     """A WAL whose header is scribbled (SQLite would read it as empty and drop the 300
@@ -453,6 +453,9 @@ async def test_a_damaged_wal_stops_the_start_and_is_left_as_it_was(
         data[16] ^= 0xFF  # a salt: the header's checksum no longer matches
     elif damage == "page_size":
         data[8:12] = (512).to_bytes(4, "big")
+    elif damage == "frame":  # a byte of the second frame's page: SQLite would stop there
+        page = int.from_bytes(data[8:12], "big")
+        data[32 + (24 + page) + 24 + 100] ^= 0xFF
     else:
         del data[20:]
     wal.write_bytes(bytes(data))
@@ -461,3 +464,21 @@ async def test_a_damaged_wal_stops_the_start_and_is_left_as_it_was(
         await open_queue(path, clock)
     assert "move it and q.db aside together" in str(refused.value)
     assert (path.read_bytes(), wal.read_bytes()) == before
+
+
+async def test_a_wal_torn_at_its_last_frame_opens(tmp_path: Path, clock: Clock) -> None:
+    """A crash in the middle of writing the last frame (never committed, never acknowledged)
+    is not damage: the queue opens with every job before it."""
+    path = tmp_path / "q.db"
+    _crash_with_jobs_in_the_wal(path)
+    wal = path.with_name("q.db-wal")
+    data = bytearray(wal.read_bytes())
+    page = int.from_bytes(data[8:12], "big")
+    frames = (len(data) - 32) // (24 + page)
+    data[32 + (frames - 1) * (24 + page) + 24 + 10] ^= 0xFF
+    wal.write_bytes(bytes(data))
+    q = await open_queue(path, clock)
+    try:
+        assert (await q.stats()).by_state["pending"] >= 299
+    finally:
+        await q.close()
