@@ -691,7 +691,7 @@ def sample(sock: str, pid: int) -> dict[str, Any]:
         "rss_kib": figures["VmRSS"], "hwm_kib": figures["VmHWM"],
         "anon_kib": figures.get("RssAnon", 0.0), "threads": figures["Threads"],
         "fds": figures["fds"], "fd_kinds": fd_kinds(pid), "cpu_s": round(tree_cpu_s(pid), 2),
-        # /status counts the daemon's owned background tasks; "all" if it ever says it
+        # /status counts every task on the daemon's loop ("all") beside its own background ones
         "tasks": int(tasks.get("all", sum(int(v) for v in tasks.values()))),
         "tasks_detail": tasks,
         "loop_lag_ms": round(float(body.get("event_loop_lag_s") or 0.0) * 1e3, 3),

@@ -110,6 +110,7 @@ class RetryQueue:
         # are refused below it (None: the default for the file system's size).
         self._reserve_setting = reserve_bytes
         self._space: tuple[float, int, int] | None = None  # (read at, free, reserve)
+        self._checkpoint_failing = False
 
     @classmethod
     async def open(
@@ -250,7 +251,11 @@ class RetryQueue:
         try:
             await self._store.read(f"PRAGMA wal_checkpoint({mode})")
         except QueueStorageError as exc:
-            log.warning("queue_checkpoint_failed", mode=mode, error=str(exc))
+            if not self._checkpoint_failing:  # said once, until one succeeds again
+                log.warning("queue_checkpoint_failed", mode=mode, error=str(exc))
+            self._checkpoint_failing = True
+        else:
+            self._checkpoint_failing = False
 
     @property
     def idle_s(self) -> float:

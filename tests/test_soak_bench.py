@@ -34,9 +34,8 @@ def test_a_two_minute_soak_measures_every_window_and_heals_a_restarted_upstream(
         assert window["rss_kib"] > 0
         assert window["fds"] > 0
         assert window["threads"] > 0
-        # /status counts owned background tasks, which may all be idle at the sample
-        assert isinstance(window["tasks"], int)
-        assert window["tasks"] >= 0
+        # /status counts every task on the daemon's loop (the sweep, rechecks, serving...)
+        assert window["tasks"] > 0
         assert window["health"]["p99_ms"] > 0
         assert window["calls"]["done"] > 0
     assert result["calls_done"] > 0

@@ -245,8 +245,9 @@ class Daemon:
             log.error("task_failed", task=task.get_name(), error=repr(task.exception()))
 
     def task_stats(self) -> dict[str, int]:
-        """Counts of owned background tasks."""
-        return {"background": len(self._background)}
+        """Counts of owned background tasks, and of every task on the loop (a figure that
+        must stay flat over a long run)."""
+        return {"background": len(self._background), "all": len(asyncio.all_tasks())}
 
     def request_stop(self) -> None:
         """Begin the shutdown sequence (idempotent)."""
