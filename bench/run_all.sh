@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run every bench once, with modest durations (8-10 minutes on 2 cores), and write
+# Run every bench once, with modest durations (about 20 minutes on 2 cores), and write
 # bench/RESULTS.md: one table of every figure, the machine and the date, then what
 # each bench printed. A bench that fails is listed there; the others still run.
 #
@@ -66,11 +66,15 @@ run queue 240 bench/queue.py --jobs 1024 --rounds 3 --results "$results"
 run build 120 bench/build.py --repeat 3 --results "$results"
 run startup 120 bench/startup.py --rounds 5 --results "$results"
 run search 120 bench/search.py --results "$results"
+# A real PostgreSQL server (Debian's postgresql; initdb runs as the postgres user, so root):
+# the shared queue beside procrastinate and the server's own floor.
+run pg_queue 420 bench/pg_queue.py --rounds 3 --results "$results"
 # The benches below print their own figures (no rows in the table): their output
 # is kept under "What each bench printed".
 run reload_health 120 bench/reload_health.py --rounds 3
 run http_abuse 180 bench/http_abuse.py
 run crash 180 bench/crash.py --kills 20
+run soak 300 bench/soak.py --minutes 4 --window-s 30  # the long run: --minutes 120
 
 "$PYTHON" bench/_report.py --results "$results" --logs "$work" \
     --seconds $(($(date +%s) - started)) --load-before "$load_before"
