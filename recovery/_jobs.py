@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import random
 import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from capd.registry import RetryPolicy, model_assembler
 
+from ._decision import BackoffPolicy, Failure, RetryDecision
 from ._errors import InvalidTransition
 
 JobState = Literal["pending", "leased", "done", "partial", "needs_operator", "dead", "cancelled"]
@@ -241,3 +243,16 @@ def queue_stats(counts: Iterable[Mapping[str, Any]], oldest: Mapping[str, Any] |
     return QueueStats(
         by_state=by_state, oldest_pending_age_s=None if since is None else now - since,
         oldest_pending=shown, next_due_at=due, path=where)
+
+
+def decide_for(backoff: BackoffPolicy, fields: Any, *, now: float, rng: random.Random,
+               failure: Failure | None = None,
+               retry_after_s: float | None = None) -> RetryDecision:
+    """:meth:`BackoffPolicy.decide` for a job's stored fields (a row read by key, or a
+    :class:`Job`'s ``vars``): its age counts from an operator's retry when there was one."""
+    return backoff.decide(
+        fields["policy"], now=now, first_sent_at=fields["first_sent_at"],
+        timeout_s=fields["timeout_s"], attempts=fields["attempts"],
+        max_attempts=fields["max_attempts"],
+        created_at=fields["retried_at"] or fields["created_at"],
+        failure=failure, retry_after_s=retry_after_s, rng=rng)

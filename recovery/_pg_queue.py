@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import structlog
 
-from ._decision import BackoffPolicy, Failure, RetryDecision
+from ._decision import BackoffPolicy
 from ._errors import (
     IdempotencyConflict,
     QueueClosed,
@@ -52,6 +52,7 @@ from ._jobs import (
     check_listable,
     check_purgeable,
     check_retryable,
+    decide_for,
     enqueue_entry,
     job_from_row,
     job_of,
@@ -463,11 +464,7 @@ class PgRetryQueue:
             for row in due:
                 if len(jobs) >= limit:
                     break
-                decision: RetryDecision = self.backoff.decide(
-                    row["policy"], now=now, first_sent_at=row["first_sent_at"],
-                    timeout_s=row["timeout_s"], attempts=row["attempts"],
-                    max_attempts=row["max_attempts"],
-                    created_at=row["retried_at"] or row["created_at"], rng=self._rng)
+                decision = decide_for(self.backoff, row, now=now, rng=self._rng)
                 if decision.state != "pending":
                     error = f"{row['last_error'] or ''} [gave up: {decision.reason}]"
                     await conn.execute("UPDATE capd_jobs SET state = %s, updated_at = %s,"
@@ -524,12 +521,9 @@ class PgRetryQueue:
                           permanent: bool = False) -> Job | None:
         """Back ``job`` off, or give up on it (as :meth:`RetryQueue.retry_later`)."""
         now = self._clock()
-        failure: Failure = "permanent" if permanent else "transient"
-        decision = self.backoff.decide(
-            job.policy, now=now, first_sent_at=job.first_sent_at, timeout_s=job.timeout_s,
-            attempts=job.attempts, max_attempts=job.max_attempts,
-            created_at=job.retried_at or job.created_at, failure=failure,
-            retry_after_s=retry_after_s, rng=self._rng)
+        decision = decide_for(self.backoff, vars(job), now=now, rng=self._rng,
+                              failure="permanent" if permanent else "transient",
+                              retry_after_s=retry_after_s)
         state, next_run = decision.state, decision.run_at
         if await self._finish(job, state, next_run, error, error_class, error, "retry"):
             return job.model_copy(update={"state": state, "next_run_at": next_run,

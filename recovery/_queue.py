@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from ._decision import BackoffPolicy, Failure, RetryDecision
+from ._decision import BackoffPolicy, RetryDecision
 from ._errors import (
     IdempotencyConflict,
     QueueFull,
@@ -45,6 +45,7 @@ from ._jobs import (
     check_listable,
     check_purgeable,
     check_retryable,
+    decide_for,
     enqueue_entry,
     job_from_row,
     job_of,
@@ -325,14 +326,6 @@ class RetryQueue:
         db.execute(_INSERT_ATTEMPT,
                    (job_id, self._clock(), kind, fence, self.boot_id, outcome, detail))
 
-    def _decide(self, job: Job, now: float, failure: Failure | None = None,
-                retry_after_s: float | None = None) -> RetryDecision:
-        return self.backoff.decide(
-            job.policy, now=now, first_sent_at=job.first_sent_at, timeout_s=job.timeout_s,
-            attempts=job.attempts, max_attempts=job.max_attempts,
-            created_at=job.retried_at or job.created_at,
-            failure=failure, retry_after_s=retry_after_s, rng=self._rng)
-
     # ------------------------------------------------------------------ leases
 
     async def expire_previous_boot_leases(self) -> int:
@@ -389,12 +382,7 @@ class RetryQueue:
                     break
                 if only is not None and row["capability"] not in only:
                     continue
-                decision = self.backoff.decide(
-                    row["policy"], now=now, first_sent_at=row["first_sent_at"],
-                    timeout_s=row["timeout_s"], attempts=row["attempts"],
-                    max_attempts=row["max_attempts"],
-                    created_at=row["retried_at"] or row["created_at"],
-                    rng=self._rng)
+                decision = decide_for(self.backoff, row, now=now, rng=self._rng)
                 if decision.state == "pending":
                     runnable.append(row)
                 else:
@@ -476,8 +464,9 @@ class RetryQueue:
         delay, or ``retry_after_s`` if that is longer.
         """
         now = self._clock()
-        decision = self._decide(job, now, "permanent" if permanent else "transient",
-                                retry_after_s)
+        decision = decide_for(self.backoff, vars(job), now=now, rng=self._rng,
+                              failure="permanent" if permanent else "transient",
+                              retry_after_s=retry_after_s)
         state, next_run = decision.state, decision.run_at
         if await self._finish(job, state, next_run, error, error_class, error, "retry"):
             return job.model_copy(update={"state": state, "next_run_at": next_run,
