@@ -76,13 +76,14 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
-    def named(self, name: str, timeout: float = 15.0) -> list[dict[str, Any]]:
-        """The spans called ``name``, once at least one has come (bounded wait)."""
+    def named(self, name: str, timeout: float = 15.0, at_least: int = 1
+              ) -> list[dict[str, Any]]:
+        """The spans called ``name``, once ``at_least`` have come (bounded wait)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
                 found = [s for s in self.spans if s["name"] == name]
-            if found:
+            if len(found) >= at_least:
                 return found
             time.sleep(0.05)
         with self._lock:
@@ -156,11 +157,7 @@ def test_a_call_is_an_execute_tool_span_in_the_callers_trace(
     assert loops[0]["parent_id"] == span["span_id"]
     # a call without a traceparent starts a trace of its own
     traced.call("POST", "/call/e2e.echo", {"text": "alone"})
-    spans = receiver.named("execute_tool e2e.echo")
-    deadline = time.monotonic() + 10
-    while len(spans) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        spans = receiver.named("execute_tool e2e.echo")
+    spans = receiver.named("execute_tool e2e.echo", timeout=10, at_least=2)
     assert len(spans) == 2
     assert spans[1]["trace_id"] != TRACE_ID
     assert not spans[1]["parent_id"]
@@ -238,11 +235,7 @@ def test_the_bridge_passes_the_clients_meta_traceparent(
         bridge.wait(timeout=10)
     assert not answers[2]["result"].get("isError"), answers[2]
     assert not answers[3]["result"].get("isError"), answers[3]
-    spans = receiver.named("execute_tool e2e.echo")
-    deadline = time.monotonic() + 10
-    while len(spans) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        spans = receiver.named("execute_tool e2e.echo")
+    spans = receiver.named("execute_tool e2e.echo", timeout=10, at_least=2)
     assert len(spans) == 2
     assert spans[0]["trace_id"] == TRACE_ID
     assert spans[1]["trace_id"] != TRACE_ID  # the malformed context went nowhere
