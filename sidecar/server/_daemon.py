@@ -13,7 +13,6 @@ ops run on ``op_executor``; plain probes, effect verifiers and before-hooks on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import difflib
 import gc
 import os
@@ -427,21 +426,23 @@ class Daemon:
             if line != last:
                 self.notifier.status(line)
                 last = line
-            try:
-                async with asyncio.timeout(interval_s):
-                    await self._stop.wait()
-            except TimeoutError:
-                pass
+            await self._stopped_within(interval_s)
 
     async def _watch_loop_lag(self) -> None:
         interval = self.lag_interval_s
         while not self._stop.is_set():
             before = time.monotonic()
-            try:
-                async with asyncio.timeout(interval):
-                    await self._stop.wait()
-            except TimeoutError:
+            if not await self._stopped_within(interval):
                 self.loop_lag_s = max(0.0, time.monotonic() - before - interval)
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less if the daemon is told to stop; whether it was."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def run(self) -> int:
         """Serve until stopped; return the process exit status.
@@ -583,12 +584,7 @@ class Daemon:
         while: SQLite's own PASSIVE checkpoints after batches fold it back but keep the
         file's size, and a WAL that only grows takes the room the sweep needs."""
         wal = queue.path.with_name(queue.path.name + "-wal")
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.checkpoint_every_s):
-                    await self._stop.wait()
-            if self._stop.is_set():
-                return
+        while not await self._stopped_within(self.checkpoint_every_s):
             try:
                 size = wal.stat().st_size
             except OSError:
