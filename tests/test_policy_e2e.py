@@ -416,16 +416,47 @@ def test_a_repeated_call_warns_then_blocks_and_an_operator_reset_clears_it(
     assert "called 3 times with the same parameters" in answers[2].body["warnings"][0]
     assert answers[4].body["error_type"] == "loop_detected"
     assert "Do not call it again with these parameters" in answers[4].body["message"]
-    # another session is not held up; a caller that drops the header is counted by its
-    # peer (uid and pid), so dropping it escapes nothing
+    # another session is not held up
     assert call(daemon, "pol.echo", {"text": "again"}, session="loop-2").status == 200
-    bare = [call(daemon, "pol.echo", {"text": "again"}).status for _ in range(5)]
-    assert bare == [200, 200, 200, 200, 403]
     listed = json.loads(cli(daemon, "sessions", "list", "--json").stdout)["sessions"]
     assert "0:loop-1" in {s["session"] for s in listed}
     done = cli(daemon, "sessions", "reset", "0:loop-1")
     assert done.returncode == 0, done.stderr
     assert call(daemon, "pol.echo", {"text": "again"}, session="loop-1").status == 200
+
+
+def test_the_operators_own_programs_are_not_counted_as_loops(
+        pol: Callable[..., DaemonProcess]) -> None:
+    """A program of the operator's (the daemon's uid, no Capd-Session) polling one status
+    or calling past the per-minute limit is never refused as a loop by default."""
+    daemon = pol()
+    polls = [call(daemon, "pol.echo", {"text": "status?"}).status for _ in range(12)]
+    assert polls == [200] * 12
+    answers = [call(daemon, "pol.same", {"text": "status?"}) for _ in range(6)]
+    assert [a.status for a in answers] == [200] * 6
+    assert all(a.body["warnings"] == [] for a in answers)
+
+
+def test_applies_to_everyone_counts_the_operator_too(
+        pol: Callable[..., DaemonProcess]) -> None:
+    """[policy.loops] applies_to = "everyone": a caller that drops the header is counted
+    by its peer (uid and pid), so the operator's fifth identical call is refused."""
+    daemon = pol(extra='applies_to = "everyone"\n')
+    bare = [call(daemon, "pol.echo", {"text": "again"}).status for _ in range(5)]
+    assert bare == [200, 200, 200, 200, 403]
+
+
+def test_an_agent_uid_without_a_session_is_still_counted(
+        pol: Callable[..., DaemonProcess], peer_uid: int) -> None:
+    """An unbound non-operator uid (allow_uids) is an agent: without Capd-Session it is
+    counted by uid and grant, and its fifth identical call is refused."""
+    daemon = pol(top=f"allow_uids = [{peer_uid}]\n")
+    open_up(daemon)
+    body = json.dumps({"text": "again"})
+    statuses = [curl_as(peer_uid, daemon.socket, "/call/pol.echo", body) for _ in range(5)]
+    assert statuses == ["200", "200", "200", "200", "403"]
+    # the operator is not held up by the agent's loop
+    assert call(daemon, "pol.echo", {"text": "again"}).status == 200
 
 
 def test_the_same_answer_again_and_again_warns_then_blocks(

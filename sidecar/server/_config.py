@@ -75,6 +75,10 @@ class LoopsConfig(BaseModel):
                             "no session (a socket peer without one is counted by uid and pid).")
     require_session: bool = Field(False, description="Refuse a call that sends no "
                                   "Capd-Session header (error_blocked session_required).")
+    applies_to: Literal["agents", "everyone"] = Field(
+        "agents", description="Whose calls are counted: callers acting as agents (an "
+        "agent's grant, a token, a narrowed bridge, an engine, or a Capd-Session), or "
+        "everyone (the operator's own programs too).")
 
     @model_validator(mode="after")
     def _ordered(self) -> LoopsConfig:

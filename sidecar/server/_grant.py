@@ -143,11 +143,12 @@ class Grant:
     @property
     def tag(self) -> str | None:
         """What keeps this grant's names apart from its uid's other callers' (sessions,
-        idempotency keys, loop counts): None for an unlimited caller no binding names,
-        else ``agent`` and the profile's name."""
+        idempotency keys, loop counts): None for the operator (unlimited, no binding
+        names it), else ``agent`` and the profile's name. Every agent has one, an
+        unbound non-operator uid too, so none shares the operator's name space."""
         if self.token is not None:
             return f"token.{self.token}"
-        if not self.restricted and not self.bound:
+        if self.role == "operator" and not self.restricted and not self.bound:
             return None
         return "agent" if self.profile is None else f"agent.{self.profile.name}"
 

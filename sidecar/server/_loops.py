@@ -10,6 +10,13 @@ pid, so dropping the header escapes nothing) within a sliding window:
   (whatever the parameters: paging that never advances);
 - *frequency*: calls to one capability in the last minute.
 
+Only callers acting as agents are counted by default (``applies_to = "agents"``): a
+caller whose grant is an agent's (a ``[[peers]]``-bound or unbound non-operator uid, a
+bearer token, a narrowed bridge, an engine) or that names an agent session
+(``Capd-Session``). The operator's own programs (a service polling a status, a batch
+of concurrent calls) are not agents and are never refused as loops;
+``applies_to = "everyone"`` counts them too.
+
 Below ``warn_at`` a call is allowed; from ``warn_at`` it carries a warning; from
 ``block_at`` it is refused. Every call is counted, refused ones too, so an
 agent that keeps hammering stays refused until the window has passed (or an
@@ -48,6 +55,7 @@ class LoopPolicy:
     per_minute_block: int = 120
     anonymous: bool = False  # also in-process callers that send no session
     require_session: bool = False  # refuse a socket peer's call without Capd-Session
+    applies_to: Literal["agents", "everyone"] = "agents"  # whose calls are counted
     max_sessions: int = 10_000
 
 
@@ -132,9 +140,14 @@ class LoopDetector:
         self._clock = clock
         self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()
 
-    def checks(self, session: str | None) -> bool:
-        """Whether calls of ``session`` are loop-checked at all."""
-        return self.policy.enabled and (session is not None or self.policy.anonymous)
+    def checks(self, session: str | None, agent: bool = True) -> bool:
+        """Whether calls of ``session`` (made by an agent, or not) are loop-checked at all."""
+        p = self.policy
+        if not p.enabled:
+            return False
+        if session is None:
+            return p.anonymous
+        return agent or p.applies_to == "everyone"
 
     def before(self, session: str | None, capability: str, params: Any) -> LoopVerdict:
         """Count a call about to run; the verdict for it."""

@@ -71,6 +71,12 @@ class Caller:
         return self._grant_key or f"peer:{self.uid}:{self.pid}"
 
     @property
+    def acts_as_agent(self) -> bool:
+        """Whether this caller acts as an agent: an agent's grant (bound or unbound
+        non-operator peer, token, narrowed bridge, engine) or an agent session named."""
+        return self.grant.role == "agent" or self.session is not None
+
+    @property
     def agent_key(self) -> str | None:
         """For an agent in a session, the count its sessions share (uid and grant), so
         making up a new session name starts no fresh count; None otherwise."""

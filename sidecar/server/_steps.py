@@ -192,7 +192,7 @@ class Loops(_Step):
                 "this daemon requires a Capd-Session header on every call ([policy.loops] "
                 "require_session = true); capd mcp sends one per client")), None
         key = caller.loop_key
-        if not loops.checks(key):  # loop detection off (require_session alone)
+        if not loops.checks(key, caller.acts_as_agent):  # off, or a caller not counted
             return await rest(call)
         warnings: list[str] = []
         verdict = loops.before(key, cap.name, call.raw)
