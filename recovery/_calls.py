@@ -29,6 +29,7 @@ import structlog
 from pydantic import BaseModel
 
 from capd.registry import (
+    USER_CODE_FAILURES,
     Blocked,
     Capability,
     Partial,
@@ -127,7 +128,7 @@ def is_network_error(exc: BaseException) -> bool:
     return False
 
 
-def classify_error(cap: Capability, exc: Exception, *, unknown_is_transient: bool = False
+def classify_error(cap: Capability, exc: BaseException, *, unknown_is_transient: bool = False
                    ) -> tuple[Literal["transient", "permanent"], bool]:
     """(kind, network failure) for an untyped exception raised by ``cap``'s op."""
     if _names_match(type(exc), cap.permanent_errors):
@@ -178,7 +179,7 @@ async def call_capability(
             message += "; its thread is still running, so the write may still land"
         return CallOutcome("transient", error_type="timeout", message=message,
                            abandoned=running)
-    except Exception as exc:  # an op's unexpected failure is data, not a crash
+    except USER_CODE_FAILURES as exc:  # an op's unexpected failure (SystemExit too) is data
         kind, network = classify_error(cap, exc, unknown_is_transient=unknown_errors_are_transient)
         return CallOutcome(kind, error_type=type(exc).__name__,
                            message=str(exc) or type(exc).__name__, network_failure=network)

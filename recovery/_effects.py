@@ -29,6 +29,7 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from capd.registry import (
+    USER_CODE_FAILURES,
     Capability,
     CommandEffect,
     EffectSpec,
@@ -222,7 +223,7 @@ async def check_effect(
                     return await _op(effect, params, cap, ops, executor)
     except TimeoutError:
         return EffectCheck(effect.kind, "unknown", f"timed out after {effect.timeout_s:g}s")
-    except Exception as exc:  # a check that cannot decide says so
+    except USER_CODE_FAILURES as exc:  # a check that cannot decide says so
         return EffectCheck(effect.kind, "unknown", f"{type(exc).__name__}: {exc}")
     raise AssertionError(f"unhandled effect kind {effect.kind}")  # pragma: no cover
 

@@ -149,6 +149,7 @@ if TYPE_CHECKING:
         op,
     )
     from ._outcomes import (
+        USER_CODE_FAILURES,
         Blocked,
         Partial,
         PermanentToolError,
@@ -217,6 +218,7 @@ __all__ = [
     "ALIAS_MARK",
     "CALL_EVENTS",
     "SAFETY_LEVELS",
+    "USER_CODE_FAILURES",
     "AgentServer",
     "AgentSpec",
     "Blocked",
@@ -343,6 +345,7 @@ _LAZY: dict[str, str] = {
     'AgentServer': '_agents',
     'AgentSpec': '_agents',
     'Blocked': '_outcomes',
+    'USER_CODE_FAILURES': '_outcomes',
     'BuildConfig': '_build',
     'CALL_EVENTS': '_events',
     'CallEvents': '_events',

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from ._errors import DeclarationError, PluginError
 from ._hooks import HookSpec, hooks_of
 from ._hooks import where as _where
+from ._outcomes import USER_CODE_FAILURES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -180,7 +181,7 @@ def load_plugins(
     for name in dict.fromkeys(modules):
         try:
             module = _import_fresh(name) if fresh else importlib.import_module(name)
-        except Exception as exc:
+        except USER_CODE_FAILURES as exc:  # SystemExit at import fails the reload only
             last = _plugin_frame(exc)
             where = f" ({last.filename}:{last.lineno})" if last else ""
             if isinstance(exc, SyntaxError) and exc.filename:

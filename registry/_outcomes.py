@@ -16,6 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+USER_CODE_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit, KeyboardInterrupt)
+"""What code a user wrote (an op, a hook, a verify op, a probe, a plugin at import) may
+raise that is the failure of that call or reload, never of the daemon: ``SystemExit``
+(an argparse-wrapped CLI given a bad argument) and ``KeyboardInterrupt`` as well as any
+``Exception``. Cancellation is not among them: it is the caller's, and goes on."""
+
 
 class ToolError(Exception):
     """Root of the errors an op raises on purpose. A subclass may name its ``error_type``

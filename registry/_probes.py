@@ -36,6 +36,7 @@ from ._model import (
     ToolSpec,
     UnixProbe,
 )
+from ._outcomes import USER_CODE_FAILURES
 from ._upstream import Upstream, UpstreamError, UpstreamPool
 
 Clock = Callable[[], float]
@@ -277,7 +278,7 @@ async def run_probe(
         error = str(exc)
     except OSError as exc:
         error = f"{type(exc).__name__}: {exc.strerror or exc}"
-    except Exception as exc:  # a probe reports any failure of the tool as data
+    except USER_CODE_FAILURES as exc:  # a probe reports any failure of the tool as data
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return ProbeResult(
         tool=tool,

@@ -19,6 +19,7 @@ REGISTRY = {
     "OpEffect", "OpSpec", "OpTable", "PartialReplay", "PathProbe", "PluginError", "Probe",
     "ProbeResult", "PythonProbe", "McpProbe", "Upstream", "UpstreamError", "UpstreamPool",
     "Registry", "RegistryError", "RegistrySnapshot", "RetryPolicy", "SAFETY_LEVELS", "Safety",
+    "USER_CODE_FAILURES",
     "TcpProbe", "TemplateError", "ToolSpec", "UnixProbe", "UnknownCapability", "build",
     "capability", "is_valid_name", "ALIAS_MARK", "is_valid_alias", "is_valid_reference",
     "without_mark", "load_declarations", "load_plugins", "op",

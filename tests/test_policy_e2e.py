@@ -447,7 +447,7 @@ def test_applies_to_everyone_counts_the_operator_too(
 
 
 def test_an_agent_uid_without_a_session_is_still_counted(
-        pol: Callable[..., DaemonProcess], peer_uid: int) -> None:
+        pol: Callable[..., DaemonProcess], peer_uid: int) -> None:  # noqa: F811
     """An unbound non-operator uid (allow_uids) is an agent: without Capd-Session it is
     counted by uid and grant, and its fifth identical call is refused."""
     daemon = pol(top=f"allow_uids = [{peer_uid}]\n")
@@ -500,7 +500,7 @@ def test_an_error_chain_orders_alternatives_and_auto_fallback_answers(
 
 
 def test_a_uid_bound_to_a_profile_is_refused_outside_it_over_the_raw_socket(
-        pol: Callable[..., DaemonProcess], peer_uid: int) -> None:  # noqa: F811
+        pol: Callable[..., DaemonProcess], peer_uid: int) -> None:  # noqa: F811  # noqa: F811
     daemon = pol(top=f"allow_uids = [{peer_uid}]\n", extra=textwrap.dedent(f"""
         [profiles.reader]
         capabilities = ["pol.echo"]
@@ -525,7 +525,7 @@ def test_a_uid_bound_to_a_profile_is_refused_outside_it_over_the_raw_socket(
 
 
 def test_operator_only_rows_refuse_a_profile_bound_or_other_uid(
-        pol: Callable[..., DaemonProcess], peer_uid: int) -> None:  # noqa: F811
+        pol: Callable[..., DaemonProcess], peer_uid: int) -> None:  # noqa: F811  # noqa: F811
     daemon = pol(top=f"allow_uids = [{peer_uid}]\n", extra=textwrap.dedent(f"""
         [profiles.reader]
         capabilities = ["pol.echo", "pol.same"]

@@ -33,7 +33,7 @@ import structlog
 from pydantic import BaseModel
 
 from capd.recovery import deadline
-from capd.registry import Blocked, Capability
+from capd.registry import USER_CODE_FAILURES, Blocked, Capability
 
 from ._authority import Authority
 from ._consent import ConsentStore
@@ -176,7 +176,7 @@ class Policy:
         except TimeoutError:
             return (f"before-hook {hook.name} did not answer within {self.hook_timeout_s:g}s; "
                     "the call is refused (hooks fail closed)"), []
-        except Exception as exc:  # a broken hook refuses the call: fail closed
+        except USER_CODE_FAILURES as exc:  # a broken hook refuses the call: fail closed
             return (f"before-hook {hook.name} failed ({type(exc).__name__}: {exc}); the call "
                     "is refused (hooks fail closed)"), []
         return None, _annotations(hook.name, value)
@@ -190,7 +190,7 @@ class Policy:
                     await hook.func(cap, params, caller, result)
             else:
                 await self.run_hook(hook, cap, params, caller, result)
-        except Exception as exc:  # an observer's failure never changes the answer
+        except USER_CODE_FAILURES as exc:  # an observer's failure never changes the answer
             log.warning("after_hook_failed", hook=hook.name, capability=cap.name,
                         error=f"{type(exc).__name__}: {exc}")
 
