@@ -200,6 +200,11 @@ def _duplicates(kind: str, ids: Iterable[str]) -> list[str]:
     return problems
 
 
+MAX_INSTANCES = 1000
+"""The most instances a topology expands to, all roles together: a count is sized by its
+caller (``--set role.count=N``), so what an expansion may cost is bounded here."""
+
+
 def validate_topology(topology: Topology, agents: Collection[str]) -> list[str]:
     """Every problem of ``topology``, one sentence each; empty when it is sound.
 
@@ -207,7 +212,8 @@ def validate_topology(topology: Topology, agents: Collection[str]) -> list[str]:
     roles, groups and phases unique; each role's agent declared and count at
     least 1; every role a group or phase names (its ``roles``, ``fanout`` and
     ``fanin``) declared, and a fanned role one of its phase's roles; no instance
-    id (``role-N``) equal to another role's id.
+    id (``role-N``) equal to another role's id; at most :data:`MAX_INSTANCES`
+    instances in all.
     """
     problems: list[str] = []
     role_ids = [r.id for r in topology.roles]
@@ -245,7 +251,13 @@ def validate_topology(topology: Topology, agents: Collection[str]) -> list[str]:
                 elif r not in phase.roles:
                     problems.append(f"phase {phase.id!r} {name} names role {r!r}, which is not "
                                     "one of the phase's roles")
+    total = sum(max(role.count, 0) for role in topology.roles)
+    if total > MAX_INSTANCES:
+        problems.append(f"the counts add up to {total} instances; a topology expands to at "
+                        f"most {MAX_INSTANCES} (lower a role's count)")
     for role in topology.roles:
+        if total > MAX_INSTANCES:
+            break  # too many to list: the problem above says so
         clashes = [i for i in _instance_ids(role.id, role.count) if i != role.id and i in roles]
         problems += [f"instance {i!r} of role {role.id!r} has the id of another role"
                      for i in clashes]

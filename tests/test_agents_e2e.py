@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import textwrap
 import tomllib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from .daemon import DaemonProcess, FlipServer, write_e2e_config
+from .test_security_metrics import curl_as, open_up, peer_uid  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow  # starts the real daemon, the CLI and the bridge as processes
 
@@ -338,5 +340,39 @@ def test_the_bundled_topologies_are_sound_and_expand_with_their_seed_fields(
                                 "judge.count=5", "--json").stdout)
         assert [i["id"] for i in panel["instances"] if i["role"] == "judge"] == [
             f"judge-{n}" for n in range(1, 6)]
+    finally:
+        daemon.kill()
+
+
+def test_a_huge_expansion_from_a_bound_uid_is_refused_at_once(
+        short_tmp: Path, web: FlipServer, peer_uid: int) -> None:  # noqa: F811
+    """A profile-bound uid asking for reviewer.count=1000000 gets 422 naming the bound
+    (1,000 instances in all), not a frozen daemon; 1,000 in all still expands; the
+    daemon answers /health throughout."""
+    config = write_e2e_config(short_tmp, web.port)
+    config.write_text(config.read_text() + AGENTS + textwrap.dedent(f"""
+        [profiles.bound]
+        capabilities = ["e2e.*"]
+
+        [[peers]]
+        uid = {peer_uid}
+        profile = "bound"
+    """))
+    caps = short_tmp / "caps.toml"
+    caps.write_text(caps.read_text() + TOPOLOGIES)
+    daemon = DaemonProcess(config, short_tmp / "capd.sock").start().wait_ready()
+    try:
+        open_up(daemon)
+        huge = "/topologies/review/expand?set=reviewer.count%3D1000000"
+        assert curl_as(peer_uid, daemon.socket, huge) == "422"
+        refused = daemon.call("GET", huge)
+        assert refused.status == 422
+        assert "at most 1000" in json.dumps(refused.body)
+        assert daemon.call("GET", "/health").status == 200
+        full = daemon.call("GET", "/topologies/review/expand?set=reviewer.count%3D998")
+        assert full.status == 200, full.body
+        assert len(full.body["instances"]) == 1000
+        assert curl_as(peer_uid, daemon.socket,
+                       "/topologies/review/expand?set=reviewer.count%3D1001") == "422"
     finally:
         daemon.kill()

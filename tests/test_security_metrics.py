@@ -132,3 +132,23 @@ def test_console_log_format(short_tmp: Path, web: FlipServer) -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_a_search_query_is_bounded_and_spends_the_callers_rate(start: Start) -> None:
+    """A 60 KB query (or over 64 words) is a 400 saying the bound, at once; a query
+    within it answers; searches spend the caller's call rate like calls (429 past it)."""
+    daemon = start(call_rate_per_s=0.5, call_burst=3)
+    huge = daemon.call("GET", "/search?q=" + "echo%20" * 5_000)  # 30 KB
+    assert huge.status == 400
+    assert "at most 64 words and 1024 bytes" in huge.body["detail"]
+    head = daemon.call("GET", "/search?q=" + "echo%20" * 12_000)  # past the head's 64 KiB
+    assert head.status == 400
+    assert "exceed 64 KiB" in head.body["detail"]
+    wordy = daemon.call("GET", "/search?q=" + "%20".join(["a"] * 65))
+    assert wordy.status == 400
+    found = daemon.call("GET", "/search?q=echo%20the%20text")
+    assert found.status == 200
+    assert found.body["results"]
+    statuses = [daemon.call("GET", "/search?q=echo").status for _ in range(3)]
+    assert statuses[-1] == 429
+    assert daemon.call("GET", "/health").status == 200

@@ -138,6 +138,18 @@ def test_an_override_of_an_unknown_role_or_below_1_is_refused(tmp_path: Path) ->
         expand_topology(review(tmp_path), AGENTS, {"reviewer": 0})
 
 
+def test_an_expansion_past_the_bound_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    """Counts adding up past 1,000 instances (a billion, say) are a problem, found without
+    materialising a single instance; exactly 1,000 expands."""
+    with pytest.raises(InvalidTopology, match="1000000003 instances; a topology expands to "
+                       "at most 1000"):
+        expand_topology(review(tmp_path), AGENTS, {"reviewer": 1_000_000_000, "lead": 2})
+    top = review(tmp_path)
+    others = sum(r.count for r in top.roles if r.id != "reviewer")
+    expansion = expand_topology(top, AGENTS, {"reviewer": 1000 - others})
+    assert len(expansion.instances) == 1000
+
+
 # ----------------------------------------------------------------------- validation
 
 

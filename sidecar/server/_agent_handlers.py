@@ -241,7 +241,9 @@ async def topology_expand(ctx: Context) -> Reply:
     context = _context(ctx)
     found = await _topologies(ctx)
     agents = _agents(ctx)
-    expansion = expand_topology(found.get(ctx.path["topology"]), agents, counts)
+    # Off the loop: its size is the caller's (bounded by MAX_INSTANCES, checked first).
+    expansion = await asyncio.to_thread(
+        expand_topology, found.get(ctx.path["topology"]), agents, counts)
     topology = expansion.topology
     resolved = {agent: _resolve(ctx, agent, context, agents)
                 for agent in dict.fromkeys(i.agent for i in expansion.instances)}

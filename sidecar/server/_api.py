@@ -197,6 +197,10 @@ def _calls_in(body: Any) -> int:
 _IN_PROCESS = Caller()
 
 
+_RATED = frozenset({"call", "search"})
+"""The rows a caller's call rate is spent on (a batch spends one a call, below)."""
+
+
 class Api:
     """The socket API: one handler for every request, routed by the operator table."""
 
@@ -297,7 +301,7 @@ class Api:
                 if len(self._callers) >= 4096:
                     self._callers.clear()
                 self._callers[key] = (peer, grant, caller)
-        if row.id == "call":
+        if row.id in _RATED:
             refused = self._over_rate(caller, 1)
             if refused is not None:
                 return refused

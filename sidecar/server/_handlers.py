@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -331,6 +332,11 @@ def _int(ctx: Context, name: str, default: int) -> int:
     return value
 
 
+MAX_QUERY_BYTES = 1024
+MAX_QUERY_WORDS = 64
+MAX_QUERY_TAGS = 32
+"""The most a search query may hold: its size is the caller's, and ranking costs with it."""
+
 DEFAULT_K = {"inner": 3, "outer": 8}
 """How many results a search answers by default, by the latency class it asks for."""
 
@@ -344,6 +350,11 @@ async def search(ctx: Context) -> Reply:
     tags = [t for t in ctx.query.get("tag", "").split(",") if t]
     if not query.strip() and not tags:
         raise BadRequest("search needs a query (q=...) or a tag")
+    if len(query.encode()) > MAX_QUERY_BYTES or len(query.split()) > MAX_QUERY_WORDS \
+            or len(tags) > MAX_QUERY_TAGS:
+        raise BadRequest(f"a search query holds at most {MAX_QUERY_WORDS} words and "
+                         f"{MAX_QUERY_BYTES} bytes, and at most {MAX_QUERY_TAGS} tags: "
+                         "say what the tool should do in a sentence")
     include_disabled = _flag(ctx, "include_disabled")
     explain = _flag(ctx, "explain")
     latency = ctx.query.get("latency_class") or None
@@ -366,9 +377,9 @@ async def search(ctx: Context) -> Reply:
                 and _runs_for(cap, host, left_out))
 
     index = await d.search_index()  # the search stack (numpy...) is imported with it
-    ranking = index.rank(
-        query, k=k, tags=tags, latency_class=latency, allowed=allowed,
-        boost=d.success_boosts(), explain=explain)
+    ranking = await asyncio.to_thread(  # off the loop: a search costs with its query
+        partial(index.rank, query, k=k, tags=tags, latency_class=latency, allowed=allowed,
+                boost=d.success_boosts(), explain=explain))
     snap = registry.snapshot() if include_disabled else None
     results = []
     for hit in ranking.hits:

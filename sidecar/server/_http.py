@@ -339,7 +339,10 @@ class HttpConnection(asyncio.Protocol):
                         self._refuse(self._hooks.malformed("protocol upgrades are not supported"))
                 except httptools.HttpParserError as exc:
                     if not self._done:  # after the last request, what follows is dropped
-                        self._refuse(self._hooks.malformed(f"malformed HTTP request: {exc}"))
+                        # a callback's own error is wrapped by the parser: say the cause
+                        cause = exc.__context__ if isinstance(
+                            exc.__context__, httptools.HttpParserError) else exc
+                        self._refuse(self._hooks.malformed(f"malformed HTTP request: {cause}"))
         finally:
             self._feeding = False
         if self._pos >= len(self._buf):
@@ -518,7 +521,8 @@ class HttpConnection(asyncio.Protocol):
     def _count_header_bytes(self, n: int) -> None:
         self._header_bytes += n
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise httptools.HttpParserError("request line and headers exceed 64 KiB")
+            raise httptools.HttpParserError(
+                "the request line and headers exceed 64 KiB; send large values in the body")
 
     # -- claims and the end of parsing ----------------------------------------------
 
