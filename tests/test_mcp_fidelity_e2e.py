@@ -109,6 +109,12 @@ def note(name: str) -> str:
     return f"note {name}"
 
 
+@server.resource("memo://notes/private/{name}", name="private_note", mime_type="text/plain")
+def private_note(name: str) -> str:
+    """A private note by name."""
+    return f"private {name}"
+
+
 @server.prompt()
 def review(code: str) -> str:
     """Ask for a review of some code."""
@@ -361,7 +367,8 @@ profile = "nothing"
     listed = daemon.call("GET", "/resources").body
     uris = {r["uri"] for r in listed["resources"]}
     assert {"capd://full/memo://greeting", "capd://full/memo://logo"} <= uris
-    assert [t["uriTemplate"] for t in listed["templates"]] == ["capd://full/memo://notes/{name}"]
+    assert [t["uriTemplate"] for t in listed["templates"]] == [
+        "capd://full/memo://notes/{name}", "capd://full/memo://notes/private/{name}"]
     text = daemon.call("POST", "/resources/read", {"uri": "capd://full/memo://greeting"})
     assert text.status == 200, text.body
     assert text.body["contents"][0]["text"] == "hello from a resource"
@@ -528,3 +535,42 @@ max_result_bytes = 100000
 
 def caps(daemon: DaemonProcess) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in daemon.call("GET", "/capabilities").body["capabilities"]}
+
+
+def test_a_resource_made_by_a_hidden_template_is_not_readable(
+        up: Callable[..., DaemonProcess], short_tmp: Path, marks: Path) -> None:
+    """With memo://notes/{name} inside a profile and memo://notes/private/{name} outside
+    it, a bound caller reads notes but not memo://notes/private/payroll: templates are
+    matched as templates, the most specific first; the operator reads both."""
+    daemon = up(full_server(short_tmp, marks) + """
+[profiles.notes]
+capabilities = ["full.note"]
+[[peers]]
+gid = 4344
+profile = "notes"
+""")
+
+    def bound_read(uri: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["setpriv", "--groups=4344", "--", PY, "-m", "capd", "resources", "read", uri,
+             "--json", "--socket", str(daemon.socket)], capture_output=True, text=True,
+            timeout=60, check=False)
+
+    listed = subprocess.run(
+        ["setpriv", "--groups=4344", "--", PY, "-m", "capd", "resources", "list", "--json",
+         "--socket", str(daemon.socket)], capture_output=True, text=True, timeout=60,
+        check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert [t["name"] for t in json.loads(listed.stdout)["templates"]] == ["full.note"]
+    allowed = bound_read("capd://full/memo://notes/groceries")
+    assert allowed.returncode == 0, allowed.stderr
+    assert json.loads(allowed.stdout)["contents"][0]["text"] == "note groceries"
+    private = bound_read("capd://full/memo://notes/private/payroll")
+    assert private.returncode != 0
+    assert "private payroll" not in private.stdout
+    # hidden reads as unknown: the same answer as a server that does not exist
+    nowhere = bound_read("capd://nowhere/memo://notes/private/payroll")
+    assert private.stderr.replace("full", "X") == nowhere.stderr.replace("nowhere", "X")
+    operator = daemon.call("POST", "/resources/read",
+                           {"uri": "capd://full/memo://notes/private/payroll"})
+    assert operator.body["contents"][0]["text"] == "private payroll"

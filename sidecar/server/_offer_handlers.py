@@ -5,11 +5,16 @@ Resources and prompts are served under the server's prefix (``capd://<prefix>/<u
 capability of that server with that name would be (the same globs and tags; the
 server's tags are its tools' tags). Outside it, an offer is unknown, as a hidden
 capability is. A resource read by a uri no listing names (one made from a template) is
-inside the grant when a template of that server whose fixed start begins the uri is.
+inside the grant when the most specific template of that server that makes the uri is:
+templates are matched as RFC 6570 templates (``{name}`` is one segment, ``{+path}`` any
+text), most literal text first, so a hidden ``memo://notes/private/{name}`` keeps
+``memo://notes/private/payroll`` hidden whatever broader template is allowed.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Awaitable
 from typing import Any, NamedTuple
 
@@ -98,12 +103,42 @@ def _may_read(grant: Grant, upstream: Upstream, uri: str,
     for _prefix, owner, item in listed:
         if owner is upstream and item.get("uri") == uri:
             return _inside(grant, upstream, str(item.get("name", "")))
-    for _prefix, owner, item in templates:
-        start = str(item.get("uriTemplate", "")).partition("{")[0]
-        if owner is upstream and uri.startswith(start) and \
-                _inside(grant, upstream, str(item.get("name", ""))):
-            return True
-    return False
+    made = [(_specificity(template), item) for _prefix, owner, item in templates
+            if owner is upstream and (template := str(item.get("uriTemplate", "")))
+            and _template_pattern(template).fullmatch(uri)]
+    if not made:
+        return False
+    _, most_specific = max(made, key=lambda found: found[0])
+    return _inside(grant, upstream, str(most_specific.get("name", "")))
+
+
+_EXPRESSION = re.compile(r"\{([+#./;?&]?)([^}]*)\}")
+_VALUE = {  # what each RFC 6570 operator's expansion may hold
+    "": r"[^/?#]*",  # simple: reserved characters are percent-encoded, so one segment
+    "+": r".*", "#": r"(?:#.*)?",
+    "/": r"(?:/[^/?#]*)*", ".": r"(?:\.[^/?#.]*)*", ";": r"(?:;[^/?#]*)*",
+    "?": r"(?:\?[^#]*)?", "&": r"(?:&[^#]*)?",
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def _template_pattern(template: str) -> re.Pattern[str]:
+    """The regular expression of the uris ``template`` makes (RFC 6570, levels 1-4)."""
+    parts: list[str] = []
+    end = 0
+    for expression in _EXPRESSION.finditer(template):
+        parts.append(re.escape(template[end:expression.start()]))
+        parts.append(_VALUE[expression.group(1)])
+        end = expression.end()
+    parts.append(re.escape(template[end:]))
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def _specificity(template: str) -> tuple[int, int]:
+    """How specific ``template`` is: its literal characters, then fewer expressions."""
+    expressions = _EXPRESSION.findall(template)
+    literal = len(_EXPRESSION.sub("", template))
+    return literal, -len(expressions)
 
 
 async def prompt_get(ctx: Context) -> Reply:
