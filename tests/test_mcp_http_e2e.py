@@ -200,3 +200,36 @@ profile = "reader"
     names = asyncio.run(session_calls(f"http://127.0.0.1:{port}/mcp", token, tools))
     assert "reload" not in names
     assert "recheck" not in names
+
+
+def test_half_sent_connections_never_keep_a_token_holder_out(
+        up: Callable[..., DaemonProcess], port: int) -> None:
+    """1,100 connections that send half a request head and hold it (a local user with no
+    token) are evicted past the cap and closed at the head timeout; meanwhile a token
+    holder is answered and the Unix socket serves."""
+    daemon = up("head_timeout_s = 2\n")
+    token = make_token(daemon, "--profile", "reader")
+    held: list[socket.socket] = []
+    try:
+        for _ in range(1100):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+            conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: applic")
+            held.append(conn)
+        status, _, body = post(f"http://127.0.0.1:{port}/mcp",
+                               {"Authorization": f"Bearer {token}"})  # urlopen: 30 s at most
+        assert status == 200, body
+        assert daemon.call("GET", "/health").status == 200
+        # the ones not evicted are closed once their head is 2 s late
+        closed = 0
+        for conn in held:
+            conn.settimeout(10)
+            try:
+                closed += conn.recv(1) == b""
+            except OSError:  # reset: closed all the same
+                closed += 1
+        assert closed == len(held)
+    finally:
+        for conn in held:
+            conn.close()
+    evicted = daemon.wait_event("mcp_http_connection_evicted")
+    assert evicted["evicted"] >= 1

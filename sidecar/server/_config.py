@@ -130,6 +130,14 @@ class McpHttpConfig(BaseModel):
                                      "that is not loopback (tokens then cross in the clear).")
     max_sessions: int = Field(1000, gt=0)
     session_idle_timeout_s: float = Field(1800.0, gt=0)
+    max_connections: int = Field(1024, ge=16, description="Open connections at most; at "
+                                 "the cap the one silent longest with nothing in flight "
+                                 "is closed (fewer when the descriptor limit is low).")
+    max_connections_per_peer: int = Field(512, ge=1, description="... from one address.")
+    head_timeout_s: float = Field(10.0, gt=0, description="A request's head must come whole "
+                                  "this soon after connecting, or after the last answer.")
+    idle_timeout_s: float = Field(5.0, gt=0, description="A connection with nothing in "
+                                  "flight is closed this long after its last answer.")
 
     @model_validator(mode="after")
     def _address(self) -> McpHttpConfig:

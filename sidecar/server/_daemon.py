@@ -87,6 +87,9 @@ State = Literal["starting", "ready", "draining", "stopped"]
 
 FD_RESERVE = 256
 """Descriptors kept out of the connection cap (queue, probes, subprocesses, logs)."""
+DOOR_ACCEPT_SLACK = 512
+"""Descriptors the HTTP front door may hold past its cap for a moment: connections
+accepted in one go (its listen backlog) before the evicted ones are closed."""
 
 
 def raise_fd_limit(wanted: int) -> int:
@@ -522,7 +525,9 @@ class Daemon:
         )
         # Keep descriptors in reserve for the queue, probes and subprocesses: when the
         # limit cannot be raised far enough, fewer connections are admitted instead.
-        fd_limit = raise_fd_limit(config.max_connections + FD_RESERVE)
+        door = config.mcp.http
+        door_wanted = door.max_connections + DOOR_ACCEPT_SLACK if door is not None else 0
+        fd_limit = raise_fd_limit(config.max_connections + door_wanted + FD_RESERVE)
         max_connections = max(16, min(config.max_connections, fd_limit - FD_RESERVE))
         if max_connections < config.max_connections:
             log.warning("fd_limit_low", limit=fd_limit, max_connections=max_connections,
@@ -531,7 +536,9 @@ class Daemon:
         server = HttpServer(api.hooks(), request_timeout_s=config.request_timeout_s,
                             max_connections=max_connections,
                             max_buffered_bytes=config.max_buffered_bytes)
-        front_door = self._front_door(api)
+        # the front door gets what the socket leaves: never the socket's descriptors
+        front_door = self._front_door(api, max(
+            16, fd_limit - FD_RESERVE - max_connections - DOOR_ACCEPT_SLACK))
         self.http = server
         await server.start(sock)
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -592,7 +599,8 @@ class Daemon:
             if size and queue.idle_s >= self.checkpoint_every_s:
                 await queue.checkpoint("TRUNCATE")
 
-    def _front_door(self, api: Api) -> Coroutine[Any, Any, None] | None:
+    def _front_door(self, api: Api, max_connections: int
+                    ) -> Coroutine[Any, Any, None] | None:
         """The MCP front door over HTTP, bound now (``[mcp.http]``), to serve until the
         daemon stops; None when capd.toml has no ``[mcp.http]``. Raises
         :class:`ListenFailed` when its address cannot be had."""
@@ -611,7 +619,12 @@ class Daemon:
             return self.loaded.config.mcp.http or settings
 
         door = FrontDoor(api, self.tokens, current, lambda: self.policy.authority)
-        return serve(door, sock, settings, self._stop)
+        if max_connections < settings.max_connections:
+            log.warning("fd_limit_low", limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                        mcp_http_max_connections=max_connections,
+                        configured=settings.max_connections,
+                        hint="raise LimitNOFILE= (or ulimit -n) for [mcp.http] max_connections")
+        return serve(door, sock, settings, self._stop, max_connections)
 
     async def _drain(self, server: HttpServer, grace_s: float,
                      sweep: asyncio.Task[None]) -> None:

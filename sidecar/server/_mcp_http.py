@@ -113,6 +113,7 @@ class FrontDoor:
 
         self._api, self._tokens = api, tokens
         self._config, self._authority = config, authority
+        self.connections: Any = None  # the DoorConnections serve() holds it to
         self._bridge_type = Bridge
         # One bridge per MCP session (by its Mcp-Session-Id), the least recently used
         # forgotten past the session cap (its session has ended or idled out by then).
@@ -376,10 +377,20 @@ def bind(settings: McpHttpConfig) -> socket.socket:
 
 
 async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
-                stop: asyncio.Event) -> None:
+                stop: asyncio.Event, max_connections: int | None = None) -> None:
     """Serve ``door`` on ``sock`` until ``stop`` is set (uvicorn in this event loop,
-    without its signal handlers: the daemon keeps its own)."""
+    without its signal handlers: the daemon keeps its own), held to the connection
+    caps and timeouts of ``settings`` (``_door_guard.py``); ``max_connections`` lowers
+    the cap to what the daemon's descriptors allow."""
     import uvicorn
+
+    from ._door_guard import DoorConnections, DoorLimits, guarded_h11
+
+    cap = min(settings.max_connections, max_connections or settings.max_connections)
+    connections = DoorConnections(DoorLimits(
+        max_connections=cap, max_per_peer=min(cap, settings.max_connections_per_peer),
+        head_timeout_s=settings.head_timeout_s, idle_timeout_s=settings.idle_timeout_s))
+    door.connections = connections
 
     class _Server(uvicorn.Server):
         def capture_signals(self) -> Any:  # the daemon handles SIGTERM, SIGINT and SIGHUP
@@ -387,9 +398,11 @@ async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
 
     config = uvicorn.Config(
         door, lifespan="off", log_level="warning", access_log=False, loop="none",
-        # h11 bounds a request's head (httptools took a 64 MiB header whole, per connection)
-        http="h11", h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-        limit_concurrency=settings.max_sessions + 64,
+        # h11 bounds a request's head (httptools took a 64 MiB header whole, per
+        # connection); the guard bounds connections and their heads' time (uvicorn's
+        # limit_concurrency would answer 503 to token holders behind idle connections)
+        http=guarded_h11(connections), h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
         ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
         timeout_graceful_shutdown=2)
     server = _Server(config)

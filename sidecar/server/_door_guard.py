@@ -1,0 +1,167 @@
+"""The HTTP front door's edges: what uvicorn leaves open, bounded the socket API's way.
+
+uvicorn serves the MCP front door (``_mcp_http.py``). Its h11 protocol closes a
+keep-alive connection idle between requests, but never one that sends half a
+request head; and its ``limit_concurrency`` answers 503 to everyone once that many
+connections are open, whoever holds them. So a local user with no token could hold
+1,100 half-sent connections and keep every token holder out. :func:`guarded_h11` is
+uvicorn's h11 protocol with the edges of capd's own server (``_http_limits.py``):
+
+- a head timeout: a connection that has not sent a whole request head within
+  ``head_timeout_s`` of connecting, or of its last answer, is closed;
+- an idle timeout: one with nothing in flight is closed ``idle_timeout_s`` after its
+  last answer (uvicorn's keep-alive timer, set from the same value);
+- caps: at most ``max_connections`` in all and ``max_per_peer`` from one address; at
+  either cap a new connection evicts the one silent longest that has no request in
+  progress (a half-sent or an idle one) and is refused only when every one is busy.
+  Connections that never finish a head can therefore never keep a token holder out.
+
+The daemon sizes ``max_connections`` within its descriptor limit beside the Unix
+socket's own cap (``_daemon.py``), so the socket always keeps its descriptors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = structlog.get_logger("capd.mcp_http")
+
+
+@dataclass(frozen=True, slots=True)
+class DoorLimits:
+    """The front door's connection limits (from ``[mcp.http]``)."""
+
+    max_connections: int = 1024
+    max_per_peer: int = 512
+    head_timeout_s: float = 10.0
+    idle_timeout_s: float = 5.0
+
+
+@dataclass
+class DoorConnections:
+    """The open connections of one front door, the one silent longest first."""
+
+    limits: DoorLimits
+    open: collections.OrderedDict[Any, str] = field(default_factory=collections.OrderedDict)
+    per_peer: collections.Counter[str] = field(default_factory=collections.Counter)
+    evicted: int = 0
+    refused: int = 0
+    timed_out: int = 0
+    _logged_at: float = -1.0
+
+    def admit(self, conn: Any, peer: str) -> bool:
+        """Count ``conn`` in, evicting the silent-longest idle connection at a cap;
+        False (refuse it) when every connection counted against that cap is busy."""
+        limits = self.limits
+        if self.per_peer[peer] >= limits.max_per_peer and not self._evict(peer):
+            return self._refuse(peer)
+        if len(self.open) >= limits.max_connections and not self._evict(None):
+            return self._refuse(peer)
+        self.open[conn] = peer
+        self.per_peer[peer] += 1
+        return True
+
+    def touch(self, conn: Any) -> None:
+        """``conn`` spoke: it is now the one silent shortest."""
+        if conn in self.open:
+            self.open.move_to_end(conn)
+
+    def forget(self, conn: Any) -> None:
+        """``conn`` is gone (or going); once only."""
+        peer = self.open.pop(conn, None)
+        if peer is not None:
+            self.per_peer[peer] -= 1
+            if not self.per_peer[peer]:
+                del self.per_peer[peer]
+
+    def _evict(self, peer: str | None) -> bool:
+        victim = next((c for c, p in self.open.items()
+                       if not c.busy and (peer is None or p == peer)), None)
+        if victim is None:
+            return False
+        self.forget(victim)
+        victim.close_quietly()
+        self.evicted += 1
+        self._note("mcp_http_connection_evicted", peer)
+        return True
+
+    def _refuse(self, peer: str) -> bool:
+        self.refused += 1
+        self._note("mcp_http_connection_refused", peer)
+        return False
+
+    def _note(self, event: str, peer: str | None) -> None:
+        """One log line a second at most: evictions and refusals come in floods."""
+        now = time.monotonic()
+        if now - self._logged_at >= 1.0:
+            self._logged_at = now
+            log.warning(event, peer=peer, open=len(self.open), evicted=self.evicted,
+                        refused=self.refused, timed_out=self.timed_out)
+
+
+def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
+    """uvicorn's h11 protocol held to ``connections``' caps and head timeout."""
+    head_timeout_s = connections.limits.head_timeout_s
+
+    class GuardedH11(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        @property
+        def busy(self) -> bool:
+            """Whether a request is in progress (its head was read, its answer not done)."""
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            peer = self.client[0] if self.client else "?"
+            if not connections.admit(self, peer):
+                transport.abort()
+                return
+            self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            connections.forget(self)
+            self._disarm_head_timer()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            connections.touch(self)
+            super().data_received(data)
+            if self.busy:
+                self._disarm_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and not self.busy:
+                self._arm_head_timer()  # the next head has head_timeout_s to come whole
+
+        def close_quietly(self) -> None:
+            """Close now (evicted): nothing is in progress, so nothing is lost."""
+            self._disarm_head_timer()
+            self.transport.abort()
+
+        def _arm_head_timer(self) -> None:
+            self._disarm_head_timer()
+            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timed_out)
+
+        def _disarm_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if self.busy or self.transport.is_closing():
+                return
+            connections.timed_out += 1
+            connections.forget(self)
+            self.transport.abort()
+
+    return GuardedH11
