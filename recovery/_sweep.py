@@ -65,6 +65,8 @@ class RetrySweep:
         running: RunningAttempts | None = None,
         attempt_running_max_s: float = 600.0,
         storage_retry_max_s: float = 30.0,
+        vanished: Callable[[str], float | None] = lambda _name: None,
+        vanished_wait_s: float = 60.0,
     ) -> None:
         self._queue = queue
         self._registry = registry
@@ -78,6 +80,8 @@ class RetrySweep:
         self.running = running or RunningAttempts()
         self.attempt_running_max_s = attempt_running_max_s
         self._storage_retry_max_s = storage_retry_max_s
+        self._vanished = vanished
+        self.vanished_wait_s = vanished_wait_s
         self._wake = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
         self.busy = 0
@@ -191,6 +195,16 @@ class RetrySweep:
         try:
             cap = registry.get(job.capability)
         except UnknownCapability:
+            since = self._vanished(job.capability)
+            if since is not None:  # the latest reload took it away: a fix brings it back
+                when = time.strftime("%H:%M:%S", time.localtime(since))
+                await self._queue.postpone(
+                    job, run_at=self._clock() + self.vanished_wait_s,
+                    detail=f"capability {job.capability!r} left the registry at the reload of "
+                    f"{when}; waiting for a reload to bring it back (looking again in "
+                    f"{self.vanished_wait_s:g}s; `capd queue cancel {job.id}` to drop it)")
+                self._count("postponed", job)
+                return
             await self._queue.park(job, reason=f"capability {job.capability!r} no longer exists "
                                    "(removed by a reload?); fix it and `capd queue retry`")
             self._count("parked", job)

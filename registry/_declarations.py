@@ -251,7 +251,7 @@ def load_topologies(paths: Iterable[Path], *, label_root: Path | None = None) ->
     try:
         files = declaration_files(paths)
     except ConfigError as exc:
-        result.add_topology_error(DeclarationError("declarations", str(exc)))
+        result.add_topology_error(DeclarationError("declarations", str(exc), whole_file=True))
         files = []
     for file in files:
         source = _label(file, label_root)
@@ -268,11 +268,11 @@ def _read(file: Path, source: str) -> dict[str, Any] | DeclarationError:
     try:
         return tomllib.loads(file.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        error = DeclarationError(source, f"not valid TOML: {exc}")
+        error = DeclarationError(source, f"not valid TOML: {exc}", whole_file=True)
         error.__cause__ = exc  # collected, not raised: keep the cause as `from exc` would
         return error
     except OSError as exc:
-        error = DeclarationError(source, f"cannot read: {exc.strerror}")
+        error = DeclarationError(source, f"cannot read: {exc.strerror}", whole_file=True)
         error.__cause__ = exc
         return error
 

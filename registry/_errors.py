@@ -44,6 +44,8 @@ class DeclarationError(RegistryError):
 
     ``source`` is the file (or ``module:function`` for code), ``capability`` the
     capability's name when known, ``field`` the offending field when known.
+    ``whole_file`` says the file did not load at all (not valid TOML, unreadable, or
+    gone): nothing it declares is known, so a reload meeting one keeps the old registry.
     """
 
     def __init__(
@@ -53,10 +55,12 @@ class DeclarationError(RegistryError):
         *,
         capability: str | None = None,
         field: str | None = None,
+        whole_file: bool = False,
     ) -> None:
         self.source = source
         self.capability = capability
         self.field = field
+        self.whole_file = whole_file
         self.message = message
         parts = [source]
         if capability:
@@ -65,13 +69,14 @@ class DeclarationError(RegistryError):
         where = f" (field '{field}')" if field and field not in message else ""
         super().__init__(f"{text}: {message}{where}")
 
-    def as_dict(self) -> dict[str, str | None]:
+    def as_dict(self) -> dict[str, str | bool | None]:
         """Return the error as a JSON-ready mapping."""
         return {
             "source": self.source,
             "capability": self.capability,
             "field": self.field,
             "message": str(self),
+            "whole_file": self.whole_file,
         }
 
 

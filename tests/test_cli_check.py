@@ -67,10 +67,11 @@ def test_check_json(example_copy: Path) -> None:
 
 
 def test_env_overrides_the_file(example_copy: Path, tmp_path: Path) -> None:
-    """CAPD_VARS__VAULT moves the vault; with no seed a missing one disables every notes op."""
+    """CAPD_VARS__VAULT moves the vault; with no seed a missing one disables every notes op
+    (nothing live then: exit 1)."""
     done = run("check", "--config", str(example_copy / "capd.toml"), "--json",
                env={"CAPD_VARS__VAULT": str(tmp_path / "nowhere"), "CAPD_SEED": "[]"})
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     assert report["live"] == []
     assert report["tools"]["vault"]["error"] == f"{tmp_path / 'nowhere'} does not exist"
@@ -179,6 +180,36 @@ def test_declaration_errors_are_listed_and_strict_fails(example_copy: Path) -> N
     assert "4 live, 1 disabled, 1 declaration error(s)" in done.stdout
     strict = run("check", "--config", str(example_copy / "capd.toml"), "--strict")
     assert strict.returncode == 1
+
+
+def test_a_declaration_file_that_does_not_load_fails_check(example_copy: Path) -> None:
+    """One stray byte makes a file not valid TOML: check reports it and exits 1 without
+    --strict (the build failed for that file); the rest is still listed."""
+    decl = example_copy / "capabilities" / "broken.toml"
+    decl.write_bytes(b'[[capability]]\nname = "notes.x"\x00\n')
+    done = run("check", "--config", str(example_copy / "capd.toml"))
+    assert done.returncode == 1
+    assert "capabilities/broken.toml: not valid TOML" in done.stdout
+    assert "the file did not load" in done.stderr
+    assert "notes.append" in done.stdout
+    as_json = run("check", "--json", "--config", str(example_copy / "capd.toml"))
+    assert as_json.returncode == 1
+    [error] = json.loads(as_json.stdout)["errors"]
+    assert error["whole_file"] is True
+
+
+def test_nothing_live_fails_check(tmp_path: Path) -> None:
+    """A configuration under which no capability is live exits 1, saying so."""
+    (tmp_path / "caps.toml").write_text(
+        '[tools.gone]\nkind = "path"\npath = "/nonexistent/capd-test"\n\n'
+        '[[capability]]\nname = "t.x"\nop = "capd.echo"\nsummary = "x"\n'
+        'requires = ["gone"]\n')
+    config = tmp_path / "capd.toml"
+    config.write_text('declarations = ["caps.toml"]\nentry_points = false\n'
+                      'state_dir = "s"\n')
+    done = run("check", "--config", str(config))
+    assert done.returncode == 1
+    assert "nothing is live" in done.stderr
 
 
 def test_usage_error_exits_2() -> None:

@@ -206,6 +206,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print_data(report, output)
     else:
         echo(render_check_table(report))
+    unloaded = [e["message"] for e in report["errors"] if e.get("whole_file")]
+    for message in unloaded:
+        echo(f"capd: {message}: the file did not load", err=True)
+    if not report["live"]:
+        echo("capd: nothing is live: the daemon would serve no capability", err=True)
+    if unloaded or not report["live"]:
+        return EXIT_FAILED  # the build failed, whatever --strict says
     if args.strict and (report["errors"] or report["warnings"]):
         return EXIT_FAILED  # --strict: a parameter without a description fails too
     return EXIT_OK
@@ -730,8 +737,9 @@ def make_parser() -> argparse.ArgumentParser:
                        help="table (the default on a terminal), json (the default when "
                        "piped) or yaml; wide is table here")
     check.add_argument(
-        "--strict", action="store_true", help="exit 1 when any declaration has an error "
-        "or any capability has a parameter without a description"
+        "--strict", action="store_true", help="exit 1 also when any declaration has an "
+        "error or any capability has a parameter without a description (a file that does "
+        "not load, or nothing live, always exits 1)"
     )
     check.set_defaults(handler=cmd_check)
 

@@ -149,6 +149,7 @@ class Daemon:
         # Bearer tokens of the MCP front door over HTTP (hashed, in the state directory).
         self.tokens = TokenStore(loaded.state_dir() / "tokens.json")
         self._tools_changed: set[str] = set()  # servers whose burst of changes is settling
+        self._vanished: dict[str, float] = {}  # capability -> when a reload took it away
         self.rechecker = Rechecker(
             lambda: self.registry, cooldown_s=config.recheck_cooldown_s,
             probe=partial(run_probe, executor=self.user_executor, upstreams=self.upstreams))
@@ -281,6 +282,11 @@ class Daemon:
         loaded = await asyncio.to_thread(load_config, self.loaded.path)
         registry = await build(loaded.build_config(), executor=self.user_executor,
                                upstreams=self.upstreams)
+        unloaded = [e for e in registry.snapshot().errors if e.whole_file]
+        if unloaded:  # what that file declares would vanish, and its jobs with it
+            raise ConfigError("; ".join(str(e) for e in unloaded) + ": a declaration file "
+                              "that does not load fails the reload (the registry serving "
+                              "now is kept); fix it and reload again")
         registry = self._with_agents(registry, loaded)
         await asyncio.to_thread(registry.prepare_search, loaded.state_dir() / "search")
         # A hook name that no longer resolves fails the reload; the old policy stays.
@@ -345,6 +351,12 @@ class Daemon:
                 "next search tries again, and `capd reload` rebuilds it") from exc
 
     def _swap(self, registry: Registry) -> None:
+        # capabilities a reload took away (their queued jobs wait for them, not parked)
+        old = self.registry.snapshot()
+        gone = {name for name in (*old.live, *old.disabled) if name not in registry}
+        for name in [n for n in self._vanished if n in registry]:
+            del self._vanished[name]  # back: its jobs run again
+        self._vanished.update(dict.fromkeys(gone, time.time()))
         self.registry = registry
         if self._next_policy is not None:
             self.policy, self._next_policy = self._next_policy, None
@@ -492,7 +504,9 @@ class Daemon:
                                 batch=config.sweep_batch, grace_s=config.lease_grace_s,
                                 executor=self.op_executor, verify_executor=self.user_executor,
                                 running=self.running_attempts,
-                                attempt_running_max_s=config.attempt_running_max_s)
+                                attempt_running_max_s=config.attempt_running_max_s,
+                                vanished=self._vanished.get,
+                                vanished_wait_s=config.recheck_interval_s)
 
         # Phase 2: build the registry (probes run concurrently). Its search index is
         # built once the daemon serves (phase 5): a search waits for it, a call does not.
