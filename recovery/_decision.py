@@ -10,10 +10,14 @@ three moments a job meets it:
 - **due** (no ``failure``: the sweep is about to claim it). It runs now.
 - **failed** (an attempt by the sweep failed). It waits a back-off delay with
   full jitter, or ``retry_after_s`` when that is longer.
+- **failed while down** (``failure="down"``: a transient failure while the job's
+  capability is known down: its tool is what failed, not the write). It spends no
+  attempt and is looked at again after ``down_wait_s`` (the recheck cooldown).
 
 At every moment a permanent failure ends it (``needs_operator`` for policy
-``manual``, else ``dead``), and so does having used ``max_attempts`` or being
-older than ``max_age_s`` (``dead``). The queue stores the answer; its SQL takes
+``manual``, else ``dead``), and so does having used ``max_attempts`` (failures
+against a live capability) or being older than ``max_age_s`` (``dead``): the age
+is what ends a job whose tools never return. The queue stores the answer; its SQL takes
 the values decided here and restates none of the rules.
 """
 
@@ -25,7 +29,7 @@ from typing import Literal
 
 from capd.registry import RetryPolicy
 
-Failure = Literal["transient", "permanent"]
+Failure = Literal["transient", "permanent", "down"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class BackoffPolicy:
     cap_s: float = 300.0
     max_attempts: int = 8
     max_age_s: float = 7 * 86400.0
+    down_wait_s: float = 30.0
 
     def delay_s(self, attempts: int, rng: random.Random) -> float:
         """Seconds to wait after the ``attempts``-th attempt failed (full jitter)."""
@@ -79,13 +84,16 @@ class BackoffPolicy:
         if failure == "permanent":
             return RetryDecision("needs_operator" if policy == "manual" else "dead", now,
                                  "permanent error")
-        if attempts >= (self.max_attempts if max_attempts is None else max_attempts):
+        if failure != "down" and \
+                attempts >= (self.max_attempts if max_attempts is None else max_attempts):
             return RetryDecision("dead", now, "no attempts left")
         if created_at is not None and now - created_at > self.max_age_s:
             return RetryDecision("dead", now, "too old")
         if failure is None:
             return RetryDecision("pending", now)
         asked_s = retry_after_s or 0.0
+        if failure == "down":  # its tool is down: no attempt spent, a look on the cooldown
+            return RetryDecision("pending", now + max(self.down_wait_s, asked_s))
         if attempts == 0:
             if policy == "manual":
                 return RetryDecision("needs_operator", now, "policy manual")

@@ -245,6 +245,12 @@ def queue_stats(counts: Iterable[Mapping[str, Any]], oldest: Mapping[str, Any] |
         oldest_pending=shown, next_due_at=due, path=where)
 
 
+def failure_of(*, permanent: bool, down: bool) -> Failure:
+    """How a sweep's failed attempt counts: permanent, its tool down (no attempt spent),
+    or transient."""
+    return "permanent" if permanent else "down" if down else "transient"
+
+
 def decide_for(backoff: BackoffPolicy, fields: Any, *, now: float, rng: random.Random,
                failure: Failure | None = None,
                retry_after_s: float | None = None) -> RetryDecision:

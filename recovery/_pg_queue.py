@@ -54,6 +54,7 @@ from ._jobs import (
     check_retryable,
     decide_for,
     enqueue_entry,
+    failure_of,
     job_from_row,
     job_of,
     operator_note,
@@ -518,14 +519,15 @@ class PgRetryQueue:
 
     async def retry_later(self, job: Job, *, error: str, error_class: str,
                           retry_after_s: float | None = None,
-                          permanent: bool = False) -> Job | None:
+                          permanent: bool = False, down: bool = False) -> Job | None:
         """Back ``job`` off, or give up on it (as :meth:`RetryQueue.retry_later`)."""
         now = self._clock()
         decision = decide_for(self.backoff, vars(job), now=now, rng=self._rng,
-                              failure="permanent" if permanent else "transient",
+                              failure=failure_of(permanent=permanent, down=down),
                               retry_after_s=retry_after_s)
         state, next_run = decision.state, decision.run_at
-        if await self._finish(job, state, next_run, error, error_class, error, "retry"):
+        if await self._finish(job, state, next_run, error, error_class, error, "retry",
+                              refund_attempt=down and not permanent):
             return job.model_copy(update={"state": state, "next_run_at": next_run,
                                           "last_error": error, "error_class": error_class})
         return None

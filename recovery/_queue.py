@@ -47,6 +47,7 @@ from ._jobs import (
     check_retryable,
     decide_for,
     enqueue_entry,
+    failure_of,
     job_from_row,
     job_of,
     operator_note,
@@ -455,20 +456,24 @@ class RetryQueue:
         error_class: str,
         retry_after_s: float | None = None,
         permanent: bool = False,
+        down: bool = False,
     ) -> Job | None:
         """Back ``job`` off, or give up on it; None when this worker's fence no longer holds.
 
         :meth:`BackoffPolicy.decide` answers: a permanent error sends it to
         ``dead`` (``needs_operator`` for policy manual); so does running out
         of attempts or age. Otherwise it is due again after the back-off
-        delay, or ``retry_after_s`` if that is longer.
+        delay, or ``retry_after_s`` if that is longer. ``down``: the failure was its
+        capability's tool being down; the attempt is given back and it is due again
+        on the recheck cooldown (only its age can end it).
         """
         now = self._clock()
         decision = decide_for(self.backoff, vars(job), now=now, rng=self._rng,
-                              failure="permanent" if permanent else "transient",
+                              failure=failure_of(permanent=permanent, down=down),
                               retry_after_s=retry_after_s)
         state, next_run = decision.state, decision.run_at
-        if await self._finish(job, state, next_run, error, error_class, error, "retry"):
+        if await self._finish(job, state, next_run, error, error_class, error, "retry",
+                              refund_attempt=down and not permanent):
             return job.model_copy(update={"state": state, "next_run_at": next_run,
                                           "last_error": error, "error_class": error_class})
         return None

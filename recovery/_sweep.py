@@ -268,13 +268,18 @@ class RetrySweep:
                 self._count("replayed", job)
             return
         apply_passive_health(registry, cap, outcome)
+        # Known down (disabled before the call, or its tool found down by it): the
+        # failure is the tool's, not the write's, and spends no attempt.
+        down = outcome.kind == "transient" and (
+            disabled or bool(outcome.unavailable_tools) or outcome.network_failure)
         if outcome.kind == "blocked":
             await self._queue.park(job, reason=detail, error_class="blocked")
             self._count("parked", job)
             return
         updated = await self._queue.retry_later(
             job, error=outcome.message or outcome.kind, error_class=outcome.error_type or "error",
-            retry_after_s=outcome.retry_after_s, permanent=outcome.kind == "permanent")
+            retry_after_s=outcome.retry_after_s, permanent=outcome.kind == "permanent",
+            down=down)
         if updated is not None:
             self._count("dead" if updated.state == "dead" else
                         "parked" if updated.state == "needs_operator" else "retry", job)

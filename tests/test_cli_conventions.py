@@ -212,7 +212,7 @@ def test_search_prints_a_table_with_a_header_and_relevance(start: Start) -> None
 
 def test_json_when_piped_tables_when_asked_and_columns_aligned(start: Start) -> None:
     """Piped with nothing asked, an answer is JSON (the HTTP body), a failure's sentence
-    still on stderr; `-o table` aligns every column (the queue's LAST ERROR included);
+    still on stderr; `-o table` aligns every column (the queue's DETAIL included);
     `-o yaml` is the same body; `show` in a table is fields, not JSON."""
     import os
 
@@ -236,8 +236,8 @@ def test_json_when_piped_tables_when_asked_and_columns_aligned(start: Start) -> 
     assert yaml.safe_load(piped("queue", "list", "-o", "yaml").stdout) == daemon.call(
         "GET", "/queue").body
     jobs = piped("queue", "list", "-o", "table").stdout.splitlines()
-    assert jobs[0].split() == ["ID", "STATE", "TRIES", "CAPABILITY", "LAST", "ERROR"]
-    start_of = jobs[0].index("LAST ERROR")
+    assert jobs[0].split() == ["ID", "STATE", "TRIES", "CAPABILITY", "DETAIL"]
+    start_of = jobs[0].index("DETAIL")
     assert all(row[start_of:].startswith("the backend is busy") for row in jobs[1:])
     assert jobs[0].index("CAPABILITY") == jobs[1].index("e2e.flaky")
     shown = piped("show", "e2e.echo", "-o", "table").stdout.splitlines()

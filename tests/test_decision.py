@@ -215,3 +215,18 @@ async def test_on_enqueue_is_called_after_each_enqueue_and_operator_retry(tmp_pa
         assert woken == ["wake", "wake"]
     finally:
         await queue.close()
+
+
+def test_a_failure_while_down_spends_no_attempt_and_only_age_ends_it() -> None:
+    """failure="down" (its tool known down): due again after down_wait_s whatever the
+    attempts used; past max_age_s it is dead, "too old"."""
+    policy = BackoffPolicy(max_attempts=3, max_age_s=60.0, down_wait_s=5.0)
+    waiting = policy.decide("replay", now=100.0, first_sent_at=0.0, timeout_s=1.0,
+                            attempts=3, created_at=50.0, failure="down")
+    assert (waiting.state, waiting.run_at) == ("pending", 105.0)
+    asked = policy.decide("replay", now=100.0, first_sent_at=0.0, timeout_s=1.0,
+                          attempts=3, created_at=50.0, failure="down", retry_after_s=9.0)
+    assert asked.run_at == 109.0
+    ended = policy.decide("replay", now=200.0, first_sent_at=0.0, timeout_s=1.0,
+                          attempts=1, created_at=50.0, failure="down")
+    assert (ended.state, ended.reason) == ("dead", "too old")

@@ -97,7 +97,7 @@ def test_a_job_queued_on_a_lost_host_is_finished_by_another_exactly_once(
         assert time.monotonic() < deadline, second.call("GET", f"/queue/{job}").body
         time.sleep(0.1)
     assert (short_tmp / "lines.txt").read_text() == "exactly once\n"
-    trail = second.call("GET", f"/queue/{job}").body["attempts"]
+    trail = second.call("GET", f"/queue/{job}").body["trail"]
     finished = [a for a in trail if a["kind"] == "complete"]
     assert len(finished) == 1
     claimed_by = {a["boot_id"] for a in trail if a["kind"] == "claim"}

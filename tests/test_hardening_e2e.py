@@ -298,11 +298,11 @@ def test_a_slow_plain_write_that_outlives_its_timeout_is_never_done_twice(
     assert job["state"] == "done", job
     written = (short_tmp / "out.txt").read_bytes()
     assert written == (line + "\n").encode(), written
-    kinds = [a["kind"] for a in job["attempts"]]
+    kinds = [a["kind"] for a in job["trail"]]
     assert "postpone" in kinds, kinds
-    verify = [a for a in job["attempts"] if a["kind"] == "verify"]
-    assert verify, job["attempts"]
-    assert verify[-1]["outcome"] == "verified", job["attempts"]
+    verify = [a for a in job["trail"] if a["kind"] == "verify"]
+    assert verify, job["trail"]
+    assert verify[-1]["outcome"] == "verified", job["trail"]
 
 
 def test_an_untyped_connection_refused_write_is_queued_and_its_tool_marked_down(

@@ -146,6 +146,24 @@ async def test_retry_later_backs_off_with_jitter_and_honours_retry_after(
     assert hinted.next_run_at == pytest.approx(clock.now + 120)
 
 
+async def test_a_failure_while_down_gives_the_attempt_back(queue: JobQueue,
+                                                          clock: Clock) -> None:
+    """retry_later(down=True) on both backends: the claim's attempt is refunded, the job is
+    due after down_wait_s, and ten such failures never use up max_attempts (3)."""
+    job = await queue.enqueue(request())
+    for _ in range(10):
+        clock.advance(60)
+        (claimed,) = await queue.claim_due(1, grace_s=1)
+        assert claimed.attempts == 1
+        again = await queue.retry_later(claimed, error="down", error_class="tool_unavailable",
+                                        down=True)
+        assert again is not None
+        assert again.state == "pending"
+        assert again.next_run_at == clock.now + queue.backoff.down_wait_s
+    stored = await queue.get(job.id)
+    assert (stored.state, stored.attempts) == ("pending", 0)
+
+
 async def test_backoff_policy_full_jitter_and_cap() -> None:
     """Delays stay within [0, min(cap, base * factor**(n-1))]."""
     policy = BackoffPolicy(base_s=1, factor=2, cap_s=10)

@@ -44,7 +44,7 @@ def test_a_transient_failure_is_queued_and_finished_later(short_tmp: Path) -> No
         assert f"queued as job {job}" in reply.body["message"]
         run.mode.write_text("ok")
         done = wait_state(daemon, job, "done")
-        kinds = [a["kind"] for a in done["attempts"]]  # type: ignore[index]
+        kinds = [a["kind"] for a in done["trail"]]  # type: ignore[index]
         assert kinds[0] == "enqueue"
         assert "verify" in kinds
         assert kinds[-1] == "complete"
@@ -103,11 +103,11 @@ def test_operator_rows_and_health(short_tmp: Path) -> None:
         wait_state(daemon, waiting, "done")
         after = json.loads(capd(daemon, "queue", "show", waiting, "--json").stdout)
         assert after["created_at"] == before["created_at"]
-        assert after["attempts"][0] == before["attempts"][0]  # the enqueue entry, unchanged
-        assert [a["kind"] for a in after["attempts"][:len(before["attempts"])]] == [
-            a["kind"] for a in before["attempts"]]  # appended to, never rewritten
+        assert after["trail"][0] == before["trail"][0]  # the enqueue entry, unchanged
+        assert [a["kind"] for a in after["trail"][:len(before["trail"])]] == [
+            a["kind"] for a in before["trail"]]  # appended to, never rewritten
         assert any(a["kind"] == "operator" and "retry requested (was dead)" in a["detail"]
-                   for a in after["attempts"])
+                   for a in after["trail"])
         refused = capd(daemon, "queue", "retry", waiting)
         assert refused.returncode == 1
         assert "only needs_operator, dead, cancelled or partial" in refused.stderr

@@ -65,7 +65,7 @@ def test_a_stray_byte_fails_the_reload_and_a_removed_capabilitys_job_waits(
     assert done.returncode == 0, done.stderr
 
     def waiting() -> bool:
-        trail = job(daemon, job_id)["attempts"]
+        trail = job(daemon, job_id)["trail"]
         return any("left the registry" in (a.get("detail") or "") for a in trail)
 
     daemon.wait_until(waiting, timeout=20)
@@ -73,8 +73,8 @@ def test_a_stray_byte_fails_the_reload_and_a_removed_capabilitys_job_waits(
 
     caps.write_text(E2E_CAPS)
     assert reload(daemon).returncode == 0
-    claims_before = sum(a["kind"] == "claim" for a in job(daemon, job_id)["attempts"])
+    claims_before = sum(a["kind"] == "claim" for a in job(daemon, job_id)["trail"])
     # the sweep looks again on the recheck schedule (recheck_interval_s, 0.2 s here)
-    daemon.wait_until(lambda: sum(a["kind"] == "claim" for a in job(daemon, job_id)["attempts"])
+    daemon.wait_until(lambda: sum(a["kind"] == "claim" for a in job(daemon, job_id)["trail"])
                       > claims_before, timeout=20)
     assert job(daemon, job_id)["state"] != "needs_operator"

@@ -291,7 +291,7 @@ def test_an_operator_action_lands_in_the_audit_trail_with_its_actor(
     job = parked_job(daemon)
     done = operator_cli(daemon, "queue", "retry", job)
     assert done.returncode == 0, done.stderr
-    trail = request(daemon.socket, "GET", f"/queue/{job}").body["attempts"]
+    trail = request(daemon.socket, "GET", f"/queue/{job}").body["trail"]
     operator = [a for a in trail if a["kind"] == "operator"]
     assert operator, trail
     assert f"by uid {os.geteuid()} pid " in operator[-1]["detail"]

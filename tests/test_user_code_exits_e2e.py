@@ -210,7 +210,7 @@ def test_a_verify_op_that_exits_cannot_decide(daemon: DaemonProcess,
     daemon.wait_until(lambda: (short_tmp / "verified").exists(), timeout=20)
 
     def verified() -> list[dict[str, object]]:
-        trail = daemon.call("GET", f"/queue/{job}").body["attempts"]
+        trail = daemon.call("GET", f"/queue/{job}").body["trail"]
         return [a for a in trail if a["kind"] == "verify"]
 
     daemon.wait_until(lambda: bool(verified()), timeout=20)

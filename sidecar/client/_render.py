@@ -159,14 +159,24 @@ def render_jobs(body: Any, *, wide: bool = False) -> str:
         return "no job"
     if wide:
         return table(("ID", "STATE", "TRIES", "POLICY", "CAPABILITY", "CREATED", "NEXT RUN",
-                      "LAST ERROR"), [
+                      "DETAIL"), [
             (j["id"], j["state"], f"{j['attempts']}/{j['max_attempts']}", j.get("policy", "-"),
              j["capability"], _text("created_at", j.get("created_at")),
-             _text("next_run_at", j.get("next_run_at")), j.get("last_error") or "")
+             _text("next_run_at", j.get("next_run_at")), _job_note(j))
             for j in jobs], right=frozenset({2}))
-    return table(("ID", "STATE", "TRIES", "CAPABILITY", "LAST ERROR"), [
+    return table(("ID", "STATE", "TRIES", "CAPABILITY", "DETAIL"), [
         (j["id"], j["state"], f"{j['attempts']}/{j['max_attempts']}", j["capability"],
-         j.get("last_error") or "") for j in jobs], right=frozenset({2}))
+         _job_note(j)) for j in jobs], right=frozenset({2}))
+
+
+def _job_note(job: Any) -> str:
+    """What a job waits for, else its last error while it is unfinished (a done job's
+    last error is history, not news)."""
+    if job.get("waiting_for"):
+        return str(job["waiting_for"])
+    if job["state"] in ("done", "cancelled"):
+        return ""
+    return str(job.get("last_error") or "")
 
 
 def render_search(body: Any, *, wide: bool = False) -> str:

@@ -542,10 +542,9 @@ def _read_oldest_job(get: Getter, oldest: Any) -> Job | None:
         j = _object(get(f"/queue/{quote(str(oldest['id']), safe='')}"), "/queue/{id}")
     except _RowFailed:  # finished and purged since the stats were read
         return None
-    # /queue/{id} answers the job with its audit trail as "attempts": a claim is a try
-    trail = j.get("attempts")
-    tries = (sum(1 for a in trail if isinstance(a, dict) and a.get("kind") == "claim")
-             if isinstance(trail, list) else int(trail or 0))
+    attempts = j.get("attempts")  # the try count (an older daemon: its audit trail)
+    tries = (sum(1 for a in attempts if isinstance(a, dict) and a.get("kind") == "claim")
+             if isinstance(attempts, list) else int(attempts or 0))
     return Job(str(j.get("id")), str(j.get("capability")), _float(j.get("created_at")),
                tries, int(j.get("max_attempts") or 0),
                j.get("last_error") and str(j["last_error"]))

@@ -420,7 +420,8 @@ class LoadedConfig:
     def backoff(self) -> BackoffPolicy:
         """The retry back-off from the config."""
         c = self.config
-        return BackoffPolicy(base_s=c.retry_base_s, factor=c.retry_factor, cap_s=c.retry_cap_s,
+        return BackoffPolicy(down_wait_s=c.recheck_cooldown_s,
+                             base_s=c.retry_base_s, factor=c.retry_factor, cap_s=c.retry_cap_s,
                              max_attempts=c.retry_max_attempts, max_age_s=c.retry_max_age_s)
 
     def build_config(self) -> BuildConfig:

@@ -731,8 +731,20 @@ def _queue(ctx: Context) -> JobQueue:
     return ctx.services.queue
 
 
-def _job_view(job: Job) -> dict[str, Any]:
-    return job.model_dump(mode="json")
+def _job_view(job: Job, ctx: Context | None = None) -> dict[str, Any]:
+    """A job as JSON; an unfinished one whose capability is disabled says what it waits
+    for (``waiting_for``: the tools down and since when, ``down_since`` epoch seconds)."""
+    view = job.model_dump(mode="json")
+    if ctx is not None and job.state in ("pending", "leased"):
+        entry = ctx.services.registry.disabled_entry(job.capability)
+        if entry is not None:
+            since = datetime.fromtimestamp(entry.since).astimezone()
+            tools = ", ".join(entry.missing) or "its tools"
+            view["waiting_for"] = (f"tool {tools} down since {since:%H:%M:%S}"
+                                   if since.date() == datetime.now().astimezone().date()
+                                   else f"tool {tools} down since {since:%Y-%m-%d %H:%M}")
+            view["down_since"] = entry.since
+    return view
 
 
 async def queue_list(ctx: Context) -> Reply:
@@ -745,16 +757,17 @@ async def queue_list(ctx: Context) -> Reply:
     if state is not None and state not in JOB_STATES:
         raise BadRequest(f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
     jobs = await _queue(ctx).list_jobs(state, limit=max(1, min(limit, 1000)))
-    return Reply(200, {"jobs": [_job_view(j) for j in jobs]})
+    return Reply(200, {"jobs": [_job_view(j, ctx) for j in jobs]})
 
 
 async def queue_show(ctx: Context) -> Reply:
     """One job with its audit trail."""
     queue = _queue(ctx)
     job = await queue.get(ctx.path["id"])
-    attempts = await queue.attempts(job.id)
-    return Reply(200, {**_job_view(job), "attempts": [a.model_dump(mode="json")
-                                                      for a in attempts]})
+    trail = await queue.attempts(job.id)
+    # "attempts" is the job's try count; its audit trail is "trail"
+    return Reply(200, {**_job_view(job, ctx), "trail": [a.model_dump(mode="json")
+                                                        for a in trail]})
 
 
 async def queue_retry(ctx: Context) -> Reply:
