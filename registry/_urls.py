@@ -23,7 +23,12 @@ where they disagree beyond repair:
   unreadable, and :func:`read_url` raises :class:`UnreadableUrl`.
 
 ``file:`` URLs are read too (with an empty host for ``file:///...``): they name
-this host's own files, which the guard refuses whatever their host.
+this host's own files, which the guard refuses whatever their host. A
+scheme-relative URL (``//127.0.0.1/admin``, ``//localhost:8080/``) is read as ``http:``
+would be (a client joins it to an ``http`` base; a host without a dot or port but
+``localhost`` is taken for a comment, ``//todo``), and a URL wrapped in another
+scheme (``jar:http://127.0.0.1/x!/``, ``view-source:https://...``) by the URL it
+wraps.
 Text that is not an absolute URL with a host (``mailto:x@y``, ``urn:...``,
 ``localhost:8080``, prose) reads as ``None``.
 """
@@ -86,9 +91,11 @@ def read_url(text: str) -> UrlHost | None:
     Raises :class:`UnreadableUrl` (a ``ValueError``) when ``text`` is URL-shaped but its
     host cannot be read unambiguously; the message says why.
     """
+    cleaned = text.strip(_EDGES).translate(_TABS_AND_NEWLINES)
+    if cleaned[:2] in ("//", "\\\\", "/\\", "\\/") and cleaned[2:3] not in ("/", "\\", ""):
+        return _read_special(text, "http", cleaned[2:])  # scheme-relative: an http base's
     if ":" not in text:  # the common case, a long text without a URL, costs one scan
         return None
-    cleaned = text.strip(_EDGES).translate(_TABS_AND_NEWLINES)
     found = _SCHEME.match(cleaned)
     if found is None:
         return None
@@ -106,11 +113,27 @@ def read_url(text: str) -> UrlHost | None:
             return None  # "http: the protocol": prose, not a URL
     elif rest.startswith("//"):
         after = rest[2:]
-    else:
-        return None
+    else:  # a URL wrapped in another scheme (jar:http://..., view-source:https://...)
+        inner = _SCHEME.match(rest)
+        return read_url(rest) if inner is not None else None
     authority = _authority(after)
     if not authority and scheme not in SPECIAL_SCHEMES:
         return None  # gopher:///x has no host
+    if "\\" in authority or _CONTROLS.search(authority):
+        raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "
+                            "part, which URL parsers read differently")
+    return _read_authority(text, scheme, authority)
+
+
+def _read_special(text: str, scheme: str, after: str) -> UrlHost | None:
+    """``text``'s host, ``after`` being what follows its leading slashes; None when the
+    authority does not look like a host at all (``//comment`` in code is no URL: a host
+    here has a dot or a port, is bracketed, or is ``localhost``)."""
+    authority = _authority(after)
+    hostport = authority.rpartition("@")[2]
+    if not hostport or not ("." in hostport or ":" in hostport or hostport.startswith("[")
+                            or hostport.lower() == "localhost"):
+        return None
     if "\\" in authority or _CONTROLS.search(authority):
         raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "
                             "part, which URL parsers read differently")

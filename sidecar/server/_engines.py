@@ -66,8 +66,9 @@ class AgentTask(BaseModel):
 
     goal: str = Field(min_length=1, description="What the agent is to achieve, in words.")
     context: dict[str, Any] | None = Field(
-        None, description="What it should know: facts, ids, prior results (a JSON object). "
-        "String values also select run-time injections, as capd agent resolve --context.")
+        None, description="What it should know: facts, ids, prior results (a JSON object), "
+        "handed to the engine as it is. It selects no injections and fills none of the "
+        "agent's servers: what the agent may use is the operator's to declare.")
     cwd: str | None = Field(None, description="The directory it works in (must exist); "
                             "the daemon's own when left out.")
 

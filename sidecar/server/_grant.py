@@ -51,13 +51,25 @@ class Profile:
     tags: tuple[str, ...] = ()
 
     def allows(self, cap: Named) -> bool:
-        """Whether ``cap`` is inside this profile: a glob matches its name or an alias,
-        or a tag is one of its tags."""
-        names = (cap.name, *cap.aliases)
-        if any(fnmatch.fnmatchcase(name, glob.removeprefix("@"))
-               for glob in self.capabilities for name in names):
-            return True
+        """Whether ``cap`` is inside this profile: a glob matches its canonical name, an
+        exact entry its name or one of its aliases, or a tag is one of its tags.
+
+        A glob never matches through an alias: a pack's ``shell.exec`` aliased
+        ``notes.exec`` stays outside ``notes.*`` (an alias is the pack's to choose,
+        the profile is the operator's); naming the alias exactly admits it.
+        """
+        for entry in self.capabilities:
+            pattern = entry.removeprefix("@")
+            if _is_glob(pattern):
+                if fnmatch.fnmatchcase(cap.name, pattern):
+                    return True
+            elif pattern == cap.name or pattern in cap.aliases:
+                return True
         return not set(self.tags).isdisjoint(cap.tags)
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
 
 
 @dataclass(frozen=True, slots=True)

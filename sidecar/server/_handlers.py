@@ -91,6 +91,9 @@ async def health(ctx: Context) -> Reply:
     status = "pass"
     notes: list[str] = []
     grant = ctx.caller.grant
+    # what the grant reaches; the operator's detail (declaration errors with files and
+    # lines, a failed reload's reason, every caller's jobs) by role, never by reach
+    operator = grant.role == "operator"
     disabled = ({n: e for n, e in snap.disabled.items() if grant.allows(e.capability)}
                 if grant.restricted else snap.disabled)
     for name, entry in sorted(disabled.items()):
@@ -107,7 +110,7 @@ async def health(ctx: Context) -> Reply:
     if disabled:
         status = "warn"
         notes.append(f"{len(disabled)} capability(ies) disabled")
-    if snap.errors and not grant.restricted:
+    if snap.errors and operator:
         status = "warn"
         notes.append(f"{len(snap.errors)} declaration error(s)")
         checks["declarations:errors"] = [{
@@ -127,7 +130,7 @@ async def health(ctx: Context) -> Reply:
         status = "fail"
         notes.append(f"daemon is {d.state}")
     failed = d.reloader.last_failure
-    if failed is not None and grant.restricted:  # the reason names files and lines
+    if failed is not None and not operator:  # the reason names files and lines
         notes.append("the last reload failed; the registry before it keeps serving")
         if status == "pass":
             status = "warn"
@@ -140,7 +143,7 @@ async def health(ctx: Context) -> Reply:
             "time": iso(failed.started_at),
         }]
     queue_status, queue_notes, queue_checks = await _queue_health(d)
-    if grant.restricted:  # every caller's jobs: the operator's to read, in capd queue
+    if not operator:  # every caller's jobs: the operator's to read, in capd queue
         queue_checks = {k: v for k, v in queue_checks.items() if k == "queue:writable"}
         queue_notes = [n for n in queue_notes if "cannot write" in n]
     checks.update(queue_checks)
