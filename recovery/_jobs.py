@@ -32,6 +32,12 @@ JobState = Literal["pending", "leased", "done", "partial", "needs_operator", "de
 JOB_STATES: tuple[JobState, ...] = (
     "pending", "leased", "done", "partial", "needs_operator", "dead", "cancelled")
 TERMINAL: frozenset[str] = frozenset({"done", "partial", "dead", "cancelled"})
+RETAINED: tuple[JobState, ...] = ("done", "cancelled")
+"""Finished jobs kept only for ``queue_retention_s``, then removed in the background
+(dead and partial jobs wait for an operator); they are history, not news."""
+CURRENT_STATES_SQL = "(" + ", ".join(f"'{s}'" for s in JOB_STATES if s not in RETAINED) + ")"
+RETAINED_STATES_SQL = "(" + ", ".join(f"'{s}'" for s in RETAINED) + ")"
+"""The states as SQL lists (the same text for both dialects): what a cheap count reads."""
 
 _set_attribute = object.__setattr__
 
@@ -232,10 +238,13 @@ def enqueue_entry(job: Job) -> Attempt:
 
 
 def queue_stats(counts: Iterable[Mapping[str, Any]], oldest: Mapping[str, Any] | None,
-                due: float | None, now: float, where: str) -> QueueStats:
+                due: float | None, now: float, where: str, *,
+                retained: bool = True) -> QueueStats:
     """The stats from the counts by state, the oldest unfinished job's row and the next
-    due time."""
-    by_state = dict.fromkeys(JOB_STATES, 0)
+    due time; without ``retained``, the done and cancelled jobs were not counted (and
+    ``by_state`` does not name them)."""
+    by_state = dict.fromkeys(JOB_STATES if retained else
+                             [s for s in JOB_STATES if s not in RETAINED], 0)
     by_state.update({r["state"]: int(r["n"]) for r in counts})
     # an operator's retry makes a job young again (its created_at stays)
     since = (oldest.get("since") or oldest["created_at"]) if oldest else None

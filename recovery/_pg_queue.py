@@ -42,6 +42,8 @@ from ._errors import (
     UnknownJob,
 )
 from ._jobs import (
+    CURRENT_STATES_SQL,
+    RETAINED_STATES_SQL,
     Attempt,
     EnqueueRequest,
     Job,
@@ -70,7 +72,7 @@ log = structlog.get_logger("capd.queue")
 
 T = TypeVar("T")
 
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 PG_MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE capd_jobs (
@@ -109,6 +111,10 @@ PG_MIGRATIONS: dict[int, str] = {
         detail TEXT
     );
     CREATE INDEX capd_attempts_job ON capd_attempts (job_id, id);
+    """,
+    # Finished jobs by when they finished: the retention pass reads only what expired.
+    2: """
+    CREATE INDEX capd_jobs_finished ON capd_jobs (state, updated_at);
     """,
 }
 """The schema by version; ``capd_schema`` holds the version a database is at."""
@@ -646,16 +652,37 @@ class PgRetryQueue:
 
         return await self._transaction(work)
 
-    async def stats(self) -> QueueStats:
-        """Counts by state, the oldest unfinished job and the next due time."""
-        rows = await self._read("SELECT state, count(*) AS n FROM capd_jobs GROUP BY state")
+    async def expire_finished(self, older_than_s: float, *, batch: int = 500) -> int:
+        """Remove done and cancelled jobs finished over ``older_than_s`` ago (as
+        :meth:`RetryQueue.expire_finished`); how many."""
+        cutoff = self._clock() - older_than_s
+        removed = 0
+        while True:
+            async def work(conn: AsyncConnection[Any]) -> int:
+                cursor = await conn.execute(
+                    "DELETE FROM capd_jobs WHERE id IN (SELECT id FROM capd_jobs WHERE state IN "
+                    f"{RETAINED_STATES_SQL} AND updated_at < %s LIMIT %s"
+                    " FOR UPDATE SKIP LOCKED)", (cutoff, batch))
+                return int(cursor.rowcount)
+
+            count = await self._transaction(work)
+            removed += count
+            if count < batch:
+                return removed
+
+    async def stats(self, *, retained: bool = True) -> QueueStats:
+        """Counts by state, the oldest unfinished job and the next due time (as
+        :meth:`RetryQueue.stats`)."""
+        where = "" if retained else f" WHERE state IN {CURRENT_STATES_SQL}"  # by index
+        rows = await self._read(
+            f"SELECT state, count(*) AS n FROM capd_jobs{where} GROUP BY state")
         oldest = await self._read(
             "SELECT id, capability, created_at, coalesce(retried_at, created_at) AS since"
             " FROM capd_jobs WHERE state IN ('pending', 'leased') ORDER BY since LIMIT 1")
         due = await self._read(
             "SELECT min(next_run_at) AS d FROM capd_jobs WHERE state = 'pending'")
         return queue_stats(rows, oldest[0] if oldest else None, due[0]["d"] if due else None,
-                           self._clock(), self.where)
+                           self._clock(), self.where, retained=retained)
 
     async def next_wake_at(self, *, only: Collection[str] | None = None) -> float | None:
         """When the sweep must next look: the earliest due job (of the capabilities in

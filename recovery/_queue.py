@@ -35,6 +35,8 @@ from ._errors import (
 )
 from ._group_commit import GroupCommit
 from ._jobs import (
+    CURRENT_STATES_SQL,
+    RETAINED_STATES_SQL,
     Attempt,
     EnqueueRequest,
     Job,
@@ -600,16 +602,39 @@ class RetryQueue:
         count: int = await self._transaction(work)
         return count
 
-    async def stats(self) -> QueueStats:
-        """Counts by state, the oldest pending job's age and the next due time."""
-        rows = await self._store.read("SELECT state, count(*) AS n FROM jobs GROUP BY state")
+    async def expire_finished(self, older_than_s: float, *, batch: int = 500) -> int:
+        """Remove done and cancelled jobs (and their trails) finished over ``older_than_s``
+        ago, ``batch`` a transaction so that enqueues never wait long; how many."""
+        cutoff = self._clock() - older_than_s
+        removed = 0
+        while True:
+            def work(db: sqlite3.Connection) -> int:
+                cursor = db.execute(
+                    "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN "
+                    f"{RETAINED_STATES_SQL} AND updated_at < ? LIMIT ?)", (cutoff, batch))
+                return int(cursor.rowcount)
+
+            count: int = await self._transaction(work)
+            removed += count
+            if count < batch:
+                return removed
+            await asyncio.sleep(0)  # a turn for the rest of the loop between batches
+
+    async def stats(self, *, retained: bool = True) -> QueueStats:
+        """Counts by state, the oldest pending job's age and the next due time; without
+        ``retained``, done and cancelled jobs are not counted (a read of the index over
+        the current jobs only: what health asks, however long the history kept)."""
+        where = "" if retained else f" WHERE state IN {CURRENT_STATES_SQL}"  # by index
+        rows = await self._store.read(
+            f"SELECT state, count(*) AS n FROM jobs{where} GROUP BY state")
         oldest = await self._store.read(
             "SELECT id, capability, created_at, coalesce(retried_at, created_at) AS since"
             " FROM jobs WHERE state IN ('pending', 'leased') ORDER BY since LIMIT 1")
         due = await self._store.read(
             "SELECT min(next_run_at) AS d FROM jobs WHERE state = 'pending'")
         return queue_stats([dict(r) for r in rows], dict(oldest[0]) if oldest else None,
-                           due[0]["d"] if due else None, self._clock(), self.where)
+                           due[0]["d"] if due else None, self._clock(), self.where,
+                           retained=retained)
 
     async def next_wake_at(self, *, only: Collection[str] | None = None) -> float | None:
         """When the sweep must next look: the earliest due job or lease deadline (one

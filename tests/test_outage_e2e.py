@@ -124,3 +124,57 @@ def test_a_write_queued_in_an_outage_waits_it_out_and_lands_once(
     [shown] = json.loads(done.stdout)["jobs"]
     assert "waiting_for" not in shown
 
+
+
+def test_done_jobs_are_removed_after_the_retention(short_tmp: Path, web: FlipServer) -> None:
+    """queue_retention_s = 1: a done job is gone from the queue soon after, a dead one
+    stays; /health's queue check counts only the current jobs."""
+    (short_tmp / "out_pack.py").write_text(PACK)
+    (short_tmp / "caps.toml").write_text(textwrap.dedent(f"""
+        [[capability]]
+        name = "out.write"
+        op = "out.write"
+        summary = "Write a line through the sync server."
+        requires = ["sync"]
+        mutates_state = true
+        retry_policy = "replay"
+        [capability.options]
+        url = "http://127.0.0.1:{web.port}/health"
+        target = "{short_tmp / 'out.txt'}"
+    """))
+    config = short_tmp / "capd.toml"
+    config.write_text(textwrap.dedent(f"""
+        plugins = ["out_pack"]
+        plugin_paths = ["."]
+        declarations = ["caps.toml"]
+        entry_points = false
+        state_dir = "state"
+        retry_base_s = 0.05
+        recheck_cooldown_s = 0.2
+        recheck_interval_s = 0.2
+        probe_live_interval_s = 0.2
+        queue_retention_s = 1
+
+        [tools.sync]
+        kind = "http"
+        url = "http://127.0.0.1:{web.port}/health"
+        timeout_s = 1
+    """))
+    daemon = DaemonProcess(config, short_tmp / "capd.sock").start().wait_ready()
+    try:
+        web.healthy = False
+        daemon.wait_until(lambda: daemon.call("GET", "/capabilities/out.write").body.get(
+            "disabled") is not None)
+        job_id = daemon.call("POST", "/call/out.write", {"line": "once"}).body["queued"]
+        web.healthy = True
+        daemon.wait_until(lambda: job(daemon, job_id).get("state") == "done", timeout=30)
+        daemon.wait_until(lambda: daemon.call("GET", f"/queue/{job_id}").status == 404,
+                          timeout=30)
+        event = daemon.wait_event("queue_expired")
+        assert event["removed"] >= 1
+        health = daemon.call("GET", "/health").body
+        assert "done" not in health["checks"]["queue:jobs"][0]["observedValue"]
+        stats = daemon.call("GET", "/queue/stats").body
+        assert stats["by_state"]["done"] == 0
+    finally:
+        daemon.kill()

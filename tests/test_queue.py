@@ -164,6 +164,36 @@ async def test_a_failure_while_down_gives_the_attempt_back(queue: JobQueue,
     assert (stored.state, stored.attempts) == ("pending", 0)
 
 
+async def test_finished_jobs_expire_after_the_retention(queue: JobQueue,
+                                                         clock: Clock) -> None:
+    """expire_finished removes done and cancelled jobs (with their trails) finished before
+    the cutoff, in batches; dead, pending and newer ones stay. stats(retained=False)
+    counts the current jobs only."""
+    done_ids = []
+    for i in range(7):
+        await queue.enqueue(request(i))
+    claimed = await queue.claim_due(7, grace_s=1)
+    for job in claimed[:5]:
+        assert await queue.complete(job)
+        done_ids.append(job.id)
+    await queue.retry_later(claimed[5], error="x", error_class="p", permanent=True)  # dead
+    waiting = await queue.enqueue(request(99, run_at=clock.now + 1000))
+    cancelled = await queue.cancel(waiting.id)
+    clock.advance(100)
+    (young,) = [j for j in claimed[6:]]
+    assert await queue.complete(young)  # done just now: kept
+    assert await queue.expire_finished(50, batch=2) == 6  # 5 done + 1 cancelled
+    assert {j.id for j in await queue.list_jobs(limit=100)}.isdisjoint(
+        {*done_ids, cancelled.id})
+    for job_id in done_ids:
+        with pytest.raises(UnknownJob):
+            await queue.attempts(job_id)
+    current = await queue.stats(retained=False)
+    assert "done" not in current.by_state
+    assert current.by_state["dead"] == 1
+    assert await queue.expire_finished(50) == 0
+
+
 async def test_backoff_policy_full_jitter_and_cap() -> None:
     """Delays stay within [0, min(cap, base * factor**(n-1))]."""
     policy = BackoffPolicy(base_s=1, factor=2, cap_s=10)
@@ -376,7 +406,10 @@ async def test_a_version_1_queue_is_migrated_with_its_jobs(tmp_path: Path) -> No
     finally:
         await queue.close()
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = "
+                                             "'index'")}
+        assert "jobs_finished" in indexes  # what the retention pass reads by
     raw.close()
 
 

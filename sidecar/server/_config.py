@@ -246,6 +246,9 @@ class CapdConfig(BaseSettings):
     retry_cap_s: float = Field(300.0, gt=0)
     retry_max_attempts: int = Field(8, ge=1)
     retry_max_age_s: float = Field(7 * 86400.0, gt=0)
+    queue_retention_s: float = Field(
+        7 * 86400.0, gt=0, description="How long done and cancelled jobs are kept (with "
+        "their trails) before they are removed in the background.")
     lease_grace_s: float = Field(5.0, ge=0)
     verify_grace_s: float = Field(2.0, ge=0)
     sweep_batch: int = Field(32, ge=1, le=1000)

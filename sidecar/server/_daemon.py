@@ -33,6 +33,7 @@ from capd.recovery import (
     PgRetryQueue,
     QueueStats,
     Rechecker,
+    RecoveryError,
     RetryQueue,
     RetrySweep,
     RunningAttempts,
@@ -87,6 +88,8 @@ State = Literal["starting", "ready", "draining", "stopped"]
 
 FD_RESERVE = 256
 """Descriptors kept out of the connection cap (queue, probes, subprocesses, logs)."""
+EXPIRE_EVERY_S = 60.0
+"""How often finished jobs past ``queue_retention_s`` are looked for."""
 DOOR_ACCEPT_SLACK = 512
 """Descriptors the HTTP front door may hold past its cap for a moment: connections
 accepted in one go (its listen backlog) before the evicted ones are closed."""
@@ -414,7 +417,8 @@ class Daemon:
         assert self.queue is not None
         now = time.monotonic()
         if self._queue_stats is None or now - self._queue_stats[0] > max_age_s:
-            self._queue_stats = (now, await self.queue.stats())
+            # the current jobs only: an index read, however much history is kept
+            self._queue_stats = (now, await self.queue.stats(retained=False))
         return self._queue_stats[1]
 
     def _reloaded(self, outcome: object) -> None:
@@ -577,6 +581,7 @@ class Daemon:
                 tg.create_task(self._watch_loop_lag())
                 if isinstance(queue, RetryQueue):  # a database checkpoints itself
                     tg.create_task(self._checkpoint_when_idle(queue))
+                tg.create_task(self._expire_finished_jobs(queue, config.queue_retention_s))
                 sweep_task = tg.create_task(self.sweep.run(self._stop))
                 if front_door is not None:
                     tg.create_task(front_door)
@@ -599,6 +604,23 @@ class Daemon:
 
     checkpoint_every_s = 5.0
     """How often an idle queue's write-ahead log is folded back and emptied."""
+
+    async def _expire_finished_jobs(self, queue: JobQueue, retention_s: float) -> None:
+        """Remove done and cancelled jobs past ``retention_s``, at start and then every
+        ``EXPIRE_EVERY_S`` (half the retention when that is shorter): the queue stays the
+        size of what is current. A pass that fails (a full disk, the database away) is
+        logged and tried again next time."""
+        every_s = min(EXPIRE_EVERY_S, max(0.5, retention_s / 2))
+        while True:
+            try:
+                removed = await queue.expire_finished(retention_s)
+            except RecoveryError as exc:
+                log.warning("queue_expire_failed", error=str(exc))
+            else:
+                if removed:
+                    log.info("queue_expired", removed=removed, retention_s=retention_s)
+            if await self._stopped_within(every_s):
+                return
 
     async def _checkpoint_when_idle(self, queue: RetryQueue) -> None:
         """Empty the queue's WAL (a TRUNCATE checkpoint) once no group commit has run for a
