@@ -35,6 +35,10 @@ TERMINAL: frozenset[str] = frozenset({"done", "partial", "dead", "cancelled"})
 RETAINED: tuple[JobState, ...] = ("done", "cancelled")
 """Finished jobs kept only for ``queue_retention_s``, then removed in the background
 (dead and partial jobs wait for an operator); they are history, not news."""
+OWED_STATES: frozenset[str] = frozenset({"pending", "leased", "needs_operator"})
+"""The states of a job acknowledged and not finished: what the disk must still have room
+to finish."""
+OWED_STATES_SQL = "(" + ", ".join(f"'{s}'" for s in sorted(OWED_STATES)) + ")"
 CURRENT_STATES_SQL = "(" + ", ".join(f"'{s}'" for s in JOB_STATES if s not in RETAINED) + ")"
 RETAINED_STATES_SQL = "(" + ", ".join(f"'{s}'" for s in RETAINED) + ")"
 """The states as SQL lists (the same text for both dialects): what a cheap count reads."""

@@ -36,6 +36,8 @@ from ._errors import (
 from ._group_commit import GroupCommit
 from ._jobs import (
     CURRENT_STATES_SQL,
+    OWED_STATES,
+    OWED_STATES_SQL,
     RETAINED_STATES_SQL,
     Attempt,
     EnqueueRequest,
@@ -115,6 +117,11 @@ class RetryQueue:
         self._reserve_setting = reserve_bytes
         self._space: tuple[float, int, int] | None = None  # (read at, free, reserve)
         self._checkpoint_failing = False
+        # What finishing the acknowledged, unfinished jobs may still write: how many
+        # (pending, leased, needs_operator) and their parameters' bytes. Counted at
+        # open and kept as jobs come and finish (this file has one owner: this queue).
+        self._owed_jobs = 0
+        self._owed_bytes = 0
 
     @classmethod
     async def open(
@@ -146,9 +153,14 @@ class RetryQueue:
         db = await open_queue_file(path, synchronous=synchronous,
                                    busy_timeout_ms=busy_timeout_ms)
         store = GroupCommit(path, db, clock=clock, max_batch=max_batch)
-        return cls(path, store, backoff=backoff or BackoffPolicy(), clock=clock,
-                   boot_id=boot_id or os.urandom(6).hex(), rng=rng or random.Random(),
-                   on_enqueue=on_enqueue or (lambda: None), reserve_bytes=reserve_bytes)
+        queue = cls(path, store, backoff=backoff or BackoffPolicy(), clock=clock,
+                    boot_id=boot_id or os.urandom(6).hex(), rng=rng or random.Random(),
+                    on_enqueue=on_enqueue or (lambda: None), reserve_bytes=reserve_bytes)
+        rows = await store.read(
+            f"SELECT count(*) AS n, total(length(params)) AS b FROM jobs WHERE state IN "
+            f"{OWED_STATES_SQL}")
+        queue._owe(int(rows[0]["b"] or 0), int(rows[0]["n"]))
+        return queue
 
     async def close(self) -> None:
         """Stop accepting, commit what was already handed in, and close the file."""
@@ -219,15 +231,38 @@ class RetryQueue:
             raise
         if job is new:  # a row was stored (a key already used stores nothing, proves nothing)
             self._refused = None
+            self._owe(len(row[2]), 1)
         self._on_enqueue()
         return job
+
+    FINISH_BYTES_PER_JOB = 16 << 10
+    """What finishing one acknowledged job may write at most besides its parameters: its
+    claim and its completion (the pages they change, in the write-ahead log until a
+    checkpoint) and its trail's rows. Each also rewrites its parameters twice."""
+
+    def _owe(self, params_bytes: int, jobs: int) -> None:
+        """Count ``jobs`` more (or fewer) unfinished jobs holding ``params_bytes``."""
+        self._owed_jobs = max(0, self._owed_jobs + jobs)
+        self._owed_bytes = max(0, self._owed_bytes + params_bytes * (1 if jobs >= 0 else -1))
+
+    def _settle(self, job: Job) -> None:
+        """``job`` left the unfinished states: nothing more is owed for it."""
+        self._owe(len(params_text(job.params)), -1)
+
+    @property
+    def owed_bytes(self) -> int:
+        """What finishing every acknowledged, unfinished job may still write (an upper
+        bound): kept free beside the reserve, so new jobs never take it."""
+        return self._owed_jobs * self.FINISH_BYTES_PER_JOB + 2 * self._owed_bytes
 
     SPACE_READ_S = 0.05
     """How long a reading of the file system's free space is reused (an enqueue's cost)."""
 
     def space(self) -> tuple[int, int] | None:
-        """Bytes free on the queue's file system, and the reserve kept for its progress."""
-        return self._space_now()
+        """Bytes free on the queue's file system, and what is kept for its progress: the
+        reserve, and what finishing the jobs already acknowledged may write."""
+        free, reserve = self._space_now()
+        return free, reserve + self.owed_bytes
 
     def _space_now(self) -> tuple[int, int]:
         now = time.monotonic()
@@ -243,11 +278,13 @@ class RetryQueue:
 
     def _check_reserve(self) -> None:
         free, reserve = self._space_now()
-        if free < reserve:
+        owed = self.owed_bytes
+        if free < reserve + owed:
             raise _Reserved(
                 f"disk nearly full: {free / 2**20:.1f} MiB free on the file system of "
-                f"{self.path}, under the {reserve / 2**20:.1f} MiB kept for finishing the "
-                "jobs already queued (queue_reserve_bytes); free some space")
+                f"{self.path}, under the {reserve / 2**20:.1f} MiB reserve "
+                f"(queue_reserve_bytes) plus the {owed / 2**20:.1f} MiB that finishing the "
+                f"{self._owed_jobs} job(s) already queued may need; free some space")
 
     async def checkpoint(self, mode: Literal["PASSIVE", "TRUNCATE"] = "TRUNCATE") -> None:
         """Fold the write-ahead log back into the file (``TRUNCATE``: and empty it); between
@@ -521,6 +558,8 @@ class RetryQueue:
         held: bool = await self._transaction(work)
         if not held:
             log.warning("stale_worker_rejected", job=job.id, fence=job.fence, wanted=state)
+        elif state not in OWED_STATES:
+            self._settle(job)
         return held
 
     # ---------------------------------------------------------------- operator
@@ -570,6 +609,8 @@ class RetryQueue:
                         operator_note("retry requested", job, actor))
 
         await self._transaction(work)
+        if job.state not in OWED_STATES:  # a finished job owes again
+            self._owe(len(params_text(job.params)), 1)
         self._on_enqueue()
         return await self.get(job_id)
 
@@ -587,6 +628,8 @@ class RetryQueue:
                         operator_note("cancelled", job, actor))
 
         await self._transaction(work)
+        if job.state in OWED_STATES:
+            self._settle(job)
         return await self.get(job_id)
 
     async def purge(self, state: str, older_than_s: float) -> int:

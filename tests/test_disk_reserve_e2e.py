@@ -4,6 +4,7 @@ the sweep finishes every acknowledged job and /health passes again."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -49,21 +50,28 @@ retry_policy = "replay"
 RESERVE = 6 << 20
 
 
-@pytest.fixture
-def daemon(short_tmp: Path) -> Iterator[DaemonProcess]:
-    (short_tmp / "disk_pack.py").write_text(PACK)
-    (short_tmp / "caps.toml").write_text(CAPS)
-    with tmpfs(short_tmp / "fs", "24m") as disk:
-        (short_tmp / "capd.toml").write_text(
+@contextlib.contextmanager
+def daemon_on_small_disk(folder: Path, reserve: int) -> Iterator[DaemonProcess]:
+    """The daemon with its state on a real 24 MiB tmpfs, ``reserve`` bytes kept."""
+    (folder / "disk_pack.py").write_text(PACK)
+    (folder / "caps.toml").write_text(CAPS)
+    with tmpfs(folder / "fs", "24m") as disk:
+        (folder / "capd.toml").write_text(
             'plugins = ["disk_pack"]\nplugin_paths = ["."]\ndeclarations = ["caps.toml"]\n'
             f'entry_points = false\nstate_dir = "{disk}/state"\n'
-            f"queue_reserve_bytes = {RESERVE}\nretry_base_s = 0.2\nretry_cap_s = 1\n"
+            f"queue_reserve_bytes = {reserve}\nretry_base_s = 0.2\nretry_cap_s = 1\n"
             "retry_max_attempts = 1000\n[policy.loops]\nenabled = false\n")
-        process = DaemonProcess(short_tmp / "capd.toml", short_tmp / "capd.sock").start()
+        process = DaemonProcess(folder / "capd.toml", folder / "capd.sock").start()
         try:
             yield process.wait_ready()
         finally:
             process.kill()
+
+
+@pytest.fixture
+def daemon(short_tmp: Path) -> Iterator[DaemonProcess]:
+    with daemon_on_small_disk(short_tmp, RESERVE) as process:
+        yield process
 
 
 def disk_check(daemon: DaemonProcess) -> tuple[str, dict[str, Any]]:
@@ -151,3 +159,31 @@ def test_a_full_disk_then_freed_while_callers_call_loses_no_acknowledged_job(
     stats = daemon.call("GET", "/queue/stats").body["by_state"]
     assert stats["pending"] == stats["leased"] == stats["dead"] == 0
     assert free_bytes(disk) > RESERVE
+
+
+def test_with_a_small_reserve_callers_never_take_the_room_acknowledged_jobs_need(
+        short_tmp: Path) -> None:
+    """A 256 KiB reserve: the backend is down, the disk is filled and freed, and callers
+    keep calling, so new jobs would fill it to the reserve line; they are refused before
+    the room the acknowledged jobs need to finish is taken, and once the backend is back
+    every acknowledged job finishes."""
+    with daemon_on_small_disk(short_tmp, 256 << 10) as daemon:
+        disk = short_tmp / "fs"
+        with Callers(daemon) as callers:
+            wait(lambda: len(callers.refused) > 20, 120, "enqueues refused near full")
+            assert "may need" in callers.refused[-1]
+            rest = fill(disk, name="rest")  # full, then freed, the callers calling on
+            time.sleep(0.5)
+            rest.unlink()
+            wait(lambda: len(callers.refused) > 40, 60, "refused again once refilled")
+        acknowledged = list(callers.queued)
+        assert len(acknowledged) > 100
+        (short_tmp / "backend-up").touch()
+
+        def finished() -> bool:
+            jobs = daemon.call("GET", "/queue?state=done&limit=1000").body["jobs"]
+            return set(acknowledged) <= {j["id"] for j in jobs}
+
+        wait(finished, 120, "every acknowledged job done")
+        stats = daemon.call("GET", "/queue/stats").body["by_state"]
+        assert stats["pending"] == stats["leased"] == stats["dead"] == 0

@@ -374,8 +374,9 @@ async def test_new_jobs_are_refused_under_the_reserve_and_queued_ones_still_fini
                 await q.enqueue(request(999))
             assert "queue_reserve_bytes" in str(refused.value)
             assert q.write_error is None  # a refusal of ours, not a failed write
-            free, reserve = q.space()
-            assert free < reserve == 3 << 20
+            free, kept = q.space()  # the reserve, and what the 40 jobs may need to finish
+            assert free < 3 << 20 < kept == (3 << 20) + q.owed_bytes
+            assert q.owed_bytes >= 40 * q.FINISH_BYTES_PER_JOB
             claimed = await q.claim_due(40)
             assert len(claimed) == 40
             assert all([await q.complete(job) for job in claimed])
@@ -482,3 +483,29 @@ async def test_a_wal_torn_at_its_last_frame_opens(tmp_path: Path, clock: Clock) 
         assert (await q.stats()).by_state["pending"] >= 299
     finally:
         await q.close()
+
+
+async def test_what_finishing_the_acknowledged_jobs_needs_is_kept(tmp_path: Path,
+                                                                   clock: Clock) -> None:
+    """owed_bytes grows with each acknowledged job (and its parameters' size), shrinks as
+    jobs finish or are cancelled, grows again for an operator's retry, and is read back
+    from the file when it is opened again."""
+    q = await open_queue(tmp_path / "q.db", clock)
+    try:
+        assert q.owed_bytes == 0
+        jobs = [await q.enqueue(request(i)) for i in range(3)]
+        three = q.owed_bytes
+        assert three >= 3 * q.FINISH_BYTES_PER_JOB
+        (claimed,) = await q.claim_due(1)
+        assert await q.complete(claimed)
+        await q.cancel(jobs[1].id)
+        assert q.owed_bytes == three // 3
+        await q.operator_retry(jobs[1].id)
+        assert q.owed_bytes == 2 * three // 3
+    finally:
+        await q.close()
+    again = await open_queue(tmp_path / "q.db", clock)
+    try:
+        assert again.owed_bytes == 2 * three // 3
+    finally:
+        await again.close()
