@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import difflib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -129,9 +130,10 @@ async def _assemble(tools: dict[str, ToolSpec], pool: UpstreamPool | None,
         claimed.update(dict.fromkeys(cap.aliases, cap))
         unknown = [t for t in cap.requires if t not in tools]
         if unknown:
+            named = ", ".join(repr(t) + _close_hint(t, tools) for t in unknown)
             errors.append(DeclarationError(
                 cap.source or "?",
-                f"requires unknown tool {', '.join(repr(t) for t in unknown)}; declare it under "
+                f"requires unknown tool {named}; declare it under "
                 "[tools.<id>] in capd.toml or in a declaration file",
                 capability=cap.name, field="requires",
             ))
@@ -252,3 +254,9 @@ async def _upstream_capabilities(tools: Mapping[str, ToolSpec], pool: UpstreamPo
         made, left_out[f"mcp:{tool_id}"] = _server_capabilities(tool_id, spec, found, pool)
         out.extend(made)
     return out, left_out
+
+
+def _close_hint(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to ``name``, if any is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -186,6 +186,8 @@ def load_plugins(
             where = f" ({last.filename}:{last.lineno})" if last else ""
             if isinstance(exc, SyntaxError) and exc.filename:
                 where = f" ({exc.filename}:{exc.lineno})"
+            if isinstance(exc, ModuleNotFoundError) and exc.name == name:
+                where += _module_hint(name)
             raise PluginError(name, f"{type(exc).__name__}: {exc}{where}") from exc
         table.add_module(module)
     return table
@@ -202,3 +204,14 @@ def _plugin_frame(exc: BaseException) -> traceback.FrameSummary | None:
     outside = [f for f in frames if Path(f.filename).parent != here]
     chosen = outside or frames
     return chosen[-1] if chosen else None
+
+
+def _module_hint(name: str) -> str:
+    """`` (did you mean 'x'?)`` naming the importable top-level module closest to ``name``
+    (those on ``sys.path``, ``plugin_paths`` included)."""
+    import difflib
+    import pkgutil
+
+    known = {m.name for m in pkgutil.iter_modules()}
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""

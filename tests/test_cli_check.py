@@ -212,6 +212,29 @@ def test_nothing_live_fails_check(tmp_path: Path) -> None:
     assert "nothing is live" in done.stderr
 
 
+def test_a_misspelt_tool_or_plugin_gets_a_did_you_mean(tmp_path: Path) -> None:
+    """A capability requiring `sync_servr` when `sync_server` is declared, and a plugin
+    `my_pak` when `my_pack` is importable, are named with the close name."""
+    (tmp_path / "my_pack.py").write_text(
+        "from pydantic import BaseModel\nfrom capd.registry import op\n\n\n"
+        "class P(BaseModel):\n    x: int = 0\n\n\n@op('my.op')\n"
+        "def my_op(params: P) -> int:\n    return params.x\n")
+    (tmp_path / "caps.toml").write_text(
+        '[tools.sync_server]\nkind = "path"\npath = "/"\n\n'
+        '[[capability]]\nname = "my.x"\nop = "my.op"\nsummary = "x"\n'
+        'requires = ["sync_servr"]\n\n'
+        '[[capability]]\nname = "my.y"\nop = "my.op"\nsummary = "y"\n')
+    config = tmp_path / "capd.toml"
+    config.write_text('plugins = ["my_pack"]\nplugin_paths = ["."]\n'
+                      'declarations = ["caps.toml"]\nentry_points = false\nstate_dir = "s"\n')
+    done = run("check", "--config", str(config))
+    assert "requires unknown tool 'sync_servr' (did you mean 'sync_server'?)" in done.stdout
+    config.write_text(config.read_text().replace('"my_pack"', '"my_pak"'))
+    misspelt = run("check", "--config", str(config))
+    assert misspelt.returncode == 1
+    assert "(did you mean 'my_pack'?)" in misspelt.stderr, misspelt.stderr
+
+
 def test_usage_error_exits_2() -> None:
     """An unknown subcommand is a usage error: exit 2."""
     done = run("frobnicate")

@@ -124,6 +124,7 @@ def test_a_token_lists_searches_and_calls_within_its_grant(
     [record] = json.loads(listing.stdout)["tokens"]
     assert (record["name"], record["profile"], record["state"]) == (
         "reader-agent", "reader", "active")
+    assert record["last_used_at"] >= record["created_at"]  # the session's requests used it
     assert "hash" not in record
     assert "token" not in record
     assert token not in (Path(daemon.socket).parent / "state" / "tokens.json").read_text()

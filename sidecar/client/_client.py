@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,13 @@ def request(
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         raise DaemonUnreachable(
             f"is the daemon running? (socket: {socket_path}: {exc.strerror})"
+        ) from exc
+    except PermissionError as exc:
+        raise DaemonUnreachable(
+            f"permission denied on the socket {socket_path}: this user may not use that "
+            f"daemon; its operator can let uid {os.getuid()} in with allow_uids (or a gid "
+            "in allow_gids, such as the capd group: usermod -aG capd USER, then log in "
+            "again), or pass --socket for your own daemon's socket"
         ) from exc
     except TimeoutError as exc:
         raise DaemonUnreachable(

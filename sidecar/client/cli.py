@@ -24,6 +24,7 @@ import base64
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +34,7 @@ from urllib.parse import quote, urlencode
 from capd.registry import CapdError, ConfigError
 
 from .._errors import DaemonDown
-from .._paths import DEFAULT_CONFIG_ENV, capd_version, default_socket_path
+from .._paths import DEFAULT_CONFIG_ENV, capd_version, default_socket_path, find_socket
 from .._table import COMMANDS, OperatorCommand
 from ._client import request
 from ._completion import SHELLS
@@ -131,8 +132,10 @@ def _config_path(value: str | None) -> Path | None:
 
 
 def _socket_path(value: str | None) -> Path:
+    """--socket, else $CAPD_SOCKET, else the first documented place a daemon of this
+    user's listens (``find_socket``)."""
     chosen = value or os.environ.get("CAPD_SOCKET")
-    return Path(chosen) if chosen else default_socket_path()
+    return Path(chosen) if chosen else find_socket()
 
 
 def _epilog(examples: Sequence[str]) -> str:
@@ -696,6 +699,10 @@ def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
         close = difflib.get_close_matches(choice.group(1), options, n=3, cutoff=0.5)
         return f" (did you mean {' or '.join(close)}?)" if close else ""
     unknown = re.search(r"unrecognized arguments: (\S+)", message)
+    if unknown is not None and re.fullmatch(r"[A-Za-z_][\w.-]*:?=.*", unknown.group(1)):
+        pairs = " ".join(f"-p {shlex.quote(a)}" for a in message.split(": ", 1)[1].split()
+                         if "=" in a)
+        return f" (a parameter is given with -p: {pairs})"
     if unknown is not None and unknown.group(1).startswith("-"):
         close = difflib.get_close_matches(unknown.group(1), sorted(_every_flag(_root(parser))),
                                           n=3, cutoff=0.6)

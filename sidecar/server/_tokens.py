@@ -21,7 +21,7 @@ import os
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,9 @@ class TokenStore:
         self._clock = clock
         self._records: dict[str, TokenRecord] = {}
         self._loaded_mtime: float | None = None
+        # when each token last admitted a request: kept here (a request writes nothing),
+        # written to the file with the next change or listing
+        self._used: dict[str, float] = {}
 
     def _load(self) -> None:
         try:
@@ -97,7 +100,19 @@ class TokenStore:
                                "move it aside and create the tokens again") from exc
         self._records, self._loaded_mtime = records, stat.st_mtime
 
+    def _with_use(self) -> bool:
+        """Fold the uses seen since the last save into the records; whether any was new."""
+        changed = False
+        for token_id, used_at in self._used.items():
+            record = self._records.get(token_id)
+            if record is not None and (record.last_used_at or 0) < used_at:
+                self._records[token_id] = replace(record, last_used_at=used_at)
+                changed = True
+        self._used.clear()
+        return changed
+
     def _save(self) -> None:
+        self._with_use()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         body = orjson.dumps({"tokens": [asdict(r) for r in self._records.values()]},
                             option=orjson.OPT_INDENT_2)
@@ -137,8 +152,10 @@ class TokenStore:
         return record, f"capd_{token_id}_{secret}"
 
     def records(self) -> list[TokenRecord]:
-        """Every record, newest first."""
+        """Every record, newest first, each with when it last admitted a request."""
         self._load()
+        if self._with_use():
+            self._save()
         return sorted(self._records.values(), key=lambda r: r.created_at, reverse=True)
 
     def revoke(self, key: str) -> TokenRecord:
@@ -175,6 +192,8 @@ class TokenStore:
             raise TokenRefused("the bearer token is not known")
         if record.revoked_at is not None:
             raise TokenRefused(f"token {record.name!r} was revoked")
-        if record.expires_at is not None and self._clock() >= record.expires_at:
+        now = self._clock()
+        if record.expires_at is not None and now >= record.expires_at:
             raise TokenRefused(f"token {record.name!r} has expired; ask for a new one")
+        self._used[record.id] = now
         return record
