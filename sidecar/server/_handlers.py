@@ -738,8 +738,10 @@ def _job_view(job: Job, ctx: Context | None = None) -> dict[str, Any]:
     """A job as JSON; an unfinished one whose capability is disabled says what it waits
     for (``waiting_for``: the tools down and since when, ``down_since`` epoch seconds)."""
     view = job.model_dump(mode="json")
-    if ctx is not None and job.state in ("pending", "leased"):
-        entry = ctx.services.registry.disabled_entry(job.capability)
+    registry = ctx.services.registry if ctx is not None else None
+    if registry is not None and job.state in ("pending", "leased") \
+            and job.capability in registry:  # one a reload took away waits for it (trail)
+        entry = registry.disabled_entry(job.capability)
         if entry is not None:
             since = datetime.fromtimestamp(entry.since).astimezone()
             tools = ", ".join(entry.missing) or "its tools"
