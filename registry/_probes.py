@@ -179,6 +179,10 @@ async def _probe_unix(spec: UnixProbe) -> None:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.2)
                 continue
+            except FileNotFoundError as exc:
+                raise ProbeFailed(f"nothing listens on {spec.path} (no such socket)") from exc
+            except ConnectionRefusedError as exc:
+                raise ProbeFailed(f"nothing listens on {spec.path} (connection refused)") from exc
             return
 
 

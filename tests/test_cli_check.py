@@ -48,7 +48,9 @@ def test_check_on_the_example_shows_live_and_disabled(example_copy: Path) -> Non
     disabled = [line for line in lines if line.startswith("disabled")]
     assert len(disabled) == 1
     assert "notes.publish" in disabled[0]
-    assert "missing sync_server: cannot connect to 127.0.0.1:9" in disabled[0]
+    assert "missing sync_server: " in disabled[0]
+    assert "nothing listens on " in disabled[0]
+    assert "sync-server.sock (no such socket)" in disabled[0]  # in the state dir: nobody else's
     assert "4 live, 1 disabled, 0 declaration error(s)" in done.stdout
 
 
@@ -86,6 +88,10 @@ def test_the_example_vault_is_seeded_into_the_state_dir(example_copy: Path, stat
     assert json.loads(done.stdout)["tools"]["vault"]["ok"] is True
     assert (vault / "welcome.md").read_bytes() == (
         example_copy / "vault" / "welcome.md").read_bytes()
+    # private by default: the state dir and the copy are the owner's alone
+    assert state_dir.stat().st_mode & 0o777 == 0o700
+    assert vault.stat().st_mode & 0o777 == 0o700
+    assert (vault / "welcome.md").stat().st_mode & 0o777 == 0o600
     (vault / "welcome.md").write_text("mine\n")
     again = run("check", "--config", str(example_copy / "capd.toml"))
     assert again.returncode == 0, again.stderr

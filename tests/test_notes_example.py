@@ -208,7 +208,7 @@ async def test_publish_refuses_a_symlinked_note(pack: ModuleType, vault: Path, o
     (vault / "evil.md").symlink_to(outside)
     with pytest.raises(PermanentToolError, match="note 'evil' is a symlink"):
         await pack.publish_note(pack.PublishParams(note="evil"), vault=str(vault),
-                                server="http://127.0.0.1:9")
+                                server=str(vault / "sync-server.sock"))
 
 
 # ------------------------------------------------------------------ through the daemon

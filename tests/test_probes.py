@@ -215,7 +215,7 @@ async def test_unix_fails_when_absent(short_tmp: Path) -> None:
     result = await run_probe("sock", UnixProbe(path=str(short_tmp / "none.sock")))
     assert not result.ok
     assert result.error is not None
-    assert "No such file" in result.error
+    assert result.error == f"nothing listens on {short_tmp / 'none.sock'} (no such socket)"
 
 
 async def test_unix_times_out_on_a_full_backlog(short_tmp: Path) -> None:

@@ -175,11 +175,12 @@ async def snapshot_vault(params: SnapshotParams, *, vault: str) -> dict[str, Any
 
 @op("notes.publish")
 async def publish_note(params: PublishParams, *, vault: str, server: str) -> dict[str, Any]:
+    """PUT the note to the sync server: HTTP on the Unix socket ``server``."""
     import aiohttp  # here, not at the top: importing it costs the daemon's start ~0.1 s
 
     body = await asyncio.to_thread(_read_note, _note_path(vault, params.note), params.note)
-    async with aiohttp.ClientSession() as session, session.put(
-        f"{server}/notes/{params.note}", data=body.encode()
-    ) as response:
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=server)) as session, \
+            session.put(f"http://sync-server/notes/{params.note}", data=body.encode()
+                        ) as response:
         response.raise_for_status()
     return {"note": params.note, "published": True}

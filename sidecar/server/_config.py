@@ -391,9 +391,10 @@ class LoadedConfig:
                                   f"(it would be copied to {path}, which does not exist)")
             scratch = path.with_name(f".{path.name}.seed-{os.getpid()}")
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                _private_folder(path.parent)
                 shutil.copytree(source, scratch, symlinks=True,
                                 ignore=shutil.ignore_patterns("__pycache__"))
+                _make_private(scratch)
                 scratch.rename(path)
             except OSError as exc:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -496,3 +497,20 @@ def unknown_environment_variables(environ: Mapping[str, str]) -> tuple[UnknownVa
         suggestion = f"{ENV_PREFIX}{close[0]}{nested}{rest}" if close else None
         found.append(UnknownVariable(name, suggestion))
     return tuple(found)
+
+
+def _private_folder(folder: Path) -> None:
+    """Make ``folder`` (and missing parents) readable by its owner only when capd makes
+    it: the state directory holds the queue, the tokens and the seeded data."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    for made in reversed(missing):
+        made.mkdir(mode=0o700, exist_ok=True)
+
+
+def _make_private(root: Path) -> None:
+    """Take group and other permissions off everything under ``root`` (a seeded copy of
+    files that may be world-readable in the package): its data is the owner's."""
+    for folder, _dirs, files in os.walk(root):
+        for name in (folder, *(os.path.join(folder, f) for f in files)):
+            if not os.path.islink(name):
+                os.chmod(name, os.stat(name).st_mode & 0o700)
