@@ -234,3 +234,48 @@ def test_half_sent_connections_never_keep_a_token_holder_out(
             conn.close()
     evicted = daemon.wait_event("mcp_http_connection_evicted")
     assert evicted["evicted"] >= 1
+
+
+def test_mcp_http_follows_a_reload(up: Callable[..., DaemonProcess], port: int) -> None:
+    """[mcp.http] changed at reload takes effect then: allowed_origins, a new listen (the
+    old port closes), the table removed (no door) and added back; an address that cannot
+    be bound fails the reload and the door serving keeps serving; status shows the door."""
+    daemon = up()
+    token = make_token(daemon, "--profile", "reader")
+    config = Path(daemon.config)
+    url = f"http://127.0.0.1:{port}/mcp"
+    browser = {"Origin": "http://localhost:3000", "Authorization": f"Bearer {token}"}
+    assert post(url, browser)[0] == 403
+    text = config.read_text()
+    config.write_text(text + 'allowed_origins = ["http://localhost:*"]\n')
+    assert capd(daemon, "reload").returncode == 0
+    assert post(url, browser)[0] == 200
+
+    other = free_port()
+    config.write_text(text.replace(f"127.0.0.1:{port}", f"127.0.0.1:{other}"))
+    assert capd(daemon, "reload").returncode == 0
+    assert post(f"http://127.0.0.1:{other}/mcp", {"Authorization": f"Bearer {token}"})[0] == 200
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    status = json.loads(capd(daemon, "status", "--json").stdout)
+    assert status["mcp"]["http"]["listen"] == f"127.0.0.1:{other}"
+    assert status["mcp"]["http"]["serving"] is True
+
+    with socket.socket() as holder:  # an address another program holds
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        taken = holder.getsockname()[1]
+        config.write_text(text.replace(f"127.0.0.1:{port}", f"127.0.0.1:{taken}"))
+        failed = capd(daemon, "reload")
+        assert failed.returncode == 1
+        assert "[mcp.http] listen" in failed.stderr, failed.stderr
+    assert post(f"http://127.0.0.1:{other}/mcp", {"Authorization": f"Bearer {token}"})[0] == 200
+
+    config.write_text(text.split("[mcp.http]")[0])
+    assert capd(daemon, "reload").returncode == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", other), timeout=5).close()
+    assert json.loads(capd(daemon, "status", "--json").stdout)["mcp"]["http"] is None
+    config.write_text(text)
+    assert capd(daemon, "reload").returncode == 0
+    assert post(url, {"Authorization": f"Bearer {token}"})[0] == 200

@@ -53,6 +53,9 @@ from capd.registry import (
 if TYPE_CHECKING:
     from capd.registry import SearchIndex
 
+    from ._config import McpHttpConfig
+    from ._mcp_http import FrontDoors
+
 from .._errors import ListenFailed, SearchUnavailable
 from .._paths import capd_version, default_socket_path
 from ._agents import BridgeLaunch, capd_command, claude_config, resolve_agent
@@ -179,6 +182,7 @@ class Daemon:
         self._queue_stats: tuple[float, QueueStats] | None = None
         self.sweep: RetrySweep | None = None
         self.http: HttpServer | None = None
+        self.front_doors: FrontDoors | None = None  # made at start, switched at each reload
         # The start-up registry's search index, built in a thread once the daemon serves
         # (a reload builds its registry's index before swapping it in).
         self._search_build: tuple[Registry, asyncio.Task[SearchIndex]] | None = None
@@ -294,6 +298,8 @@ class Daemon:
         await asyncio.to_thread(registry.prepare_search, loaded.state_dir() / "search")
         # A hook name that no longer resolves fails the reload; the old policy stays.
         self._next_policy = self._make_policy(loaded, registry)
+        # Last: a new address that cannot be bound fails the reload, the old door serving.
+        await self._switch_front_door(loaded.config.mcp.http)
         self.loaded = loaded
         return registry
 
@@ -309,6 +315,11 @@ class Daemon:
         task = self.spawn(build())
         self._search_build = (registry, task)
         return task
+
+    @property
+    def front_door(self) -> dict[str, Any] | None:
+        """The HTTP front door serving now, as ``capd status`` shows it (None: none)."""
+        return self.front_doors.view() if self.front_doors is not None else None
 
     @property
     def operator_tools(self) -> list[str]:
@@ -555,8 +566,9 @@ class Daemon:
                             max_connections=max_connections,
                             max_buffered_bytes=config.max_buffered_bytes)
         # the front door gets what the socket leaves: never the socket's descriptors
-        front_door = self._front_door(api, max(
+        self.front_doors = self._front_doors(api, max(
             16, fd_limit - FD_RESERVE - max_connections - DOOR_ACCEPT_SLACK))
+        await self._switch_front_door(config.mcp.http)
         self.http = server
         await server.start(sock)
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -583,8 +595,8 @@ class Daemon:
                     tg.create_task(self._checkpoint_when_idle(queue))
                 tg.create_task(self._expire_finished_jobs(queue, config.queue_retention_s))
                 sweep_task = tg.create_task(self.sweep.run(self._stop))
-                if front_door is not None:
-                    tg.create_task(front_door)
+                assert self.front_doors is not None
+                tg.create_task(self.front_doors.run(self._stop))
                 if self.notifier.enabled:
                     tg.create_task(self._report_status())
                     watchdog = watchdog_interval_s()
@@ -635,32 +647,30 @@ class Daemon:
             if size and queue.idle_s >= self.checkpoint_every_s:
                 await queue.checkpoint("TRUNCATE")
 
-    def _front_door(self, api: Api, max_connections: int
-                    ) -> Coroutine[Any, Any, None] | None:
-        """The MCP front door over HTTP, bound now (``[mcp.http]``), to serve until the
-        daemon stops; None when capd.toml has no ``[mcp.http]``. Raises
-        :class:`ListenFailed` when its address cannot be had."""
-        settings = self.loaded.config.mcp.http
-        if settings is None:
-            return None
-        from ._mcp_http import FrontDoor, bind, serve
+    def _front_doors(self, api: Api, max_connections: int) -> FrontDoors:
+        """The MCP front door over HTTP (``[mcp.http]``), switched at start and at every
+        reload, at most ``max_connections`` open (what the descriptors allow)."""
+        from ._mcp_http import FrontDoor, FrontDoors
 
+        wanted = self.loaded.config.mcp.http
+        if wanted is not None and max_connections < wanted.max_connections:
+            log.warning("fd_limit_low", limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                        mcp_http_max_connections=max_connections,
+                        configured=wanted.max_connections,
+                        hint="raise LimitNOFILE= (or ulimit -n) for [mcp.http] max_connections")
+        return FrontDoors(lambda settings: FrontDoor(
+            api, self.tokens, lambda: settings, lambda: self.policy.authority), max_connections)
+
+    async def _switch_front_door(self, settings: McpHttpConfig | None) -> None:
+        """Serve ``settings``' front door; raise :class:`ListenFailed` when its address
+        cannot be had (the door serving before keeps serving)."""
+        if self.front_doors is None:
+            return
         try:
-            sock = bind(settings)
+            await self.front_doors.switch(settings)
         except OSError as exc:
             raise ListenFailed(f"{exc.strerror}; free the port or change [mcp.http] listen "
                                "in capd.toml") from exc
-
-        def current() -> Any:  # a reload's [mcp.http] origins and limits, its old address
-            return self.loaded.config.mcp.http or settings
-
-        door = FrontDoor(api, self.tokens, current, lambda: self.policy.authority)
-        if max_connections < settings.max_connections:
-            log.warning("fd_limit_low", limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-                        mcp_http_max_connections=max_connections,
-                        configured=settings.max_connections,
-                        hint="raise LimitNOFILE= (or ulimit -n) for [mcp.http] max_connections")
-        return serve(door, sock, settings, self._stop, max_connections)
 
     async def _drain(self, server: HttpServer, grace_s: float,
                      sweep: asyncio.Task[None]) -> None:

@@ -719,7 +719,7 @@ async def status(ctx: Context) -> Reply:
         "queue": ((await d.queue.stats()).model_dump(mode="json")
                   if d.queue is not None else None),
         "event_loop_lag_s": round(d.loop_lag_s, 6),
-        "mcp": {"operator_tools": list(d.operator_tools)},
+        "mcp": {"operator_tools": list(d.operator_tools), "http": d.front_door},
         "upstreams": d.upstreams.views(),
         "policy": {"profiles": list(d.policy.profile_names), "recent": list(d.policy.recent)},
     }

@@ -416,3 +416,93 @@ async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
         stopper.cancel()
         with contextlib.suppress(BaseException):
             await task
+
+
+class FrontDoors:
+    """The HTTP front door across reloads: ``[mcp.http]`` added, removed or changed
+    (listen, path, origins, TLS, limits) takes effect at the reload that reads it.
+
+    :meth:`switch` binds a new address first (a failure fails that reload, and the door
+    serving now keeps serving), then stops the door serving now (its sessions end) and
+    starts the new one; an unchanged table changes nothing. A listening socket is kept
+    while its address stays the same (each server gets a duplicate of it), so a change of
+    origins or TLS never drops the port. :meth:`run` owns the doors until the daemon stops.
+    """
+
+    STOP_GRACE_S = 5.0
+
+    def __init__(self, make_door: Callable[[McpHttpConfig], FrontDoor],
+                 max_connections: int) -> None:
+        self._make_door = make_door
+        self._max_connections = max_connections
+        self.settings: McpHttpConfig | None = None
+        self.door: FrontDoor | None = None
+        self._sock: socket.socket | None = None
+        self._serving: tuple[asyncio.Task[None], asyncio.Event] | None = None
+
+    async def switch(self, settings: McpHttpConfig | None) -> None:
+        """Serve ``settings`` (None: no front door) from now on. Raises :class:`OSError`
+        naming the address when a new one cannot be bound; nothing changes then."""
+        if settings == self.settings and (settings is None or self._serving is not None):
+            return
+        old = self.settings
+        sock = self._sock if settings is not None else None
+        if settings is not None and (old is None or settings.listen != old.listen):
+            sock = bind(settings)  # before anything stops: a failure changes nothing
+        await self._stop_serving()
+        if self._sock is not None and self._sock is not sock:
+            self._sock.close()
+        self.settings, self._sock, self.door = settings, sock, None
+        if settings is None or sock is None:
+            if old is not None:
+                log.info("mcp_http_closed", listen=old.listen)
+            return
+        self.door = door = self._make_door(settings)
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            serve(door, sock.dup(), settings, stop, self._max_connections),
+            name="mcp-http")
+        task.add_done_callback(_log_door_failure)
+        self._serving = (task, stop)
+
+    async def run(self, daemon_stop: asyncio.Event) -> None:
+        """Hold the doors until the daemon stops, then stop the one serving."""
+        try:
+            await daemon_stop.wait()
+        finally:
+            await self._stop_serving()
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    def view(self) -> dict[str, Any] | None:
+        """What ``capd status`` shows of the front door (None: there is none)."""
+        settings = self.settings
+        if settings is None:
+            return None
+        connections = self.door.connections if self.door is not None else None
+        return {"listen": settings.listen, "path": settings.path,
+                "tls": settings.tls_cert is not None,
+                "allowed_origins": list(settings.allowed_origins),
+                "serving": self._serving is not None and not self._serving[0].done(),
+                "connections": None if connections is None else {
+                    "open": len(connections.open), "max": connections.limits.max_connections,
+                    "evicted": connections.evicted, "refused": connections.refused,
+                    "head_timeouts": connections.timed_out}}
+
+    async def _stop_serving(self) -> None:
+        serving, self._serving = self._serving, None
+        if serving is None:
+            return
+        task, stop = serving
+        stop.set()
+        done, _ = await asyncio.wait({task}, timeout=self.STOP_GRACE_S)
+        if not done:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _log_door_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("mcp_http_failed", error=repr(task.exception()))
