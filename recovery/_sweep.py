@@ -221,6 +221,15 @@ class RetrySweep:
         disabled = registry.disabled_entry(cap.name) is not None
         if disabled:
             disabled = not (await self._rechecker.recheck_disabled_capability(cap.name)).live
+        if disabled and not cap.replay_while_disabled:  # its operator says: tools first
+            entry = registry.disabled_entry(cap.name)
+            missing = ", ".join(entry.missing) if entry is not None else "its tools"
+            await self._queue.postpone(
+                job, run_at=self._clock() + self._queue.backoff.down_wait_s,
+                detail=f"{cap.name} is disabled (missing {missing}) and declares "
+                "replay_while_disabled = false: waiting for its tools, no attempt spent")
+            self._count("postponed", job)
+            return
 
         if job.policy == "verify_first":
             with tracing.optional_span(f"queue.verify {cap.name}", {

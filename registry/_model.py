@@ -393,6 +393,10 @@ class Capability(BaseModel):
     mutates_state: bool = False
     retry_policy: RetryPolicy = "manual"
     partial_replay: PartialReplay = "unsafe"
+    replay_while_disabled: bool = Field(
+        True, description="Whether the retry sweep runs a queued job's callable while the "
+        "capability is still disabled after its recheck (its tool raises a transient error "
+        "and the job waits, no attempt spent); false: the job waits for the tools first.")
     effects: tuple[EffectSpec, ...] = ()
     consent_operations: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()

@@ -87,6 +87,7 @@ def manifest(cap: Capability, snapshot: RegistrySnapshot) -> dict[str, Any]:
         "mutates_state": cap.mutates_state,
         "retry_policy": cap.retry_policy,
         "partial_replay": cap.partial_replay,
+        "replay_while_disabled": cap.replay_while_disabled,
         "effects": [e.model_dump(mode="json") for e in cap.effects],
         "consent_operations": list(cap.consent_operations),
         "timeout_s": cap.timeout_s,

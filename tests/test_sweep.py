@@ -174,6 +174,25 @@ async def test_disabled_capability_is_rechecked_then_invoked_anyway(harness: Har
     assert await harness.state(job) == "done"
 
 
+async def test_a_disabled_job_waits_for_its_tools_when_its_capability_says_so(
+        harness: Harness) -> None:
+    """replay_while_disabled = false: still disabled after the recheck, the job is
+    postponed (no attempt spent) and its callable never runs until the tools are back."""
+    harness.registry = harness.make_registry(up=False, retry_policy="replay", effects=[],
+                                             replay_while_disabled=False)
+    harness.probe.up["disk"] = False
+    job = await harness.enqueue("x", policy="replay")
+    await harness.sweep.sweep_once()
+    waiting = await harness.queue.get(job)
+    assert (waiting.state, waiting.attempts, harness.calls) == ("pending", 0, 0)
+    trail = [a.detail or "" for a in await harness.queue.attempts(job)]
+    assert any("replay_while_disabled = false" in d for d in trail)
+    harness.probe.up["disk"] = True
+    await harness.make_due()
+    await harness.sweep.sweep_once()
+    assert (await harness.state(job), harness.calls) == ("done", 1)
+
+
 async def test_a_removed_capability_parks_the_job(harness: Harness) -> None:
     """A job whose capability vanished in a reload waits for an operator, never crashes."""
     job = await harness.queue.enqueue(EnqueueRequest(
