@@ -105,6 +105,10 @@ class AgentSpec(BaseModel):
         "file server...), with context placeholders.")
     latency_class: Literal["inner", "outer", "both"] | None = None
     timeout_s: float = Field(60.0, gt=0, le=3600)
+    run_as: str | None = Field(
+        None, description="The user the engine runs as when the daemon runs as root (a "
+        "name or uid, e.g. capd-agent); else the daemon's own user. Either way the engine "
+        "and everything it starts are held to this agent's grant on the socket.")
 
     @field_validator("capabilities")
     @classmethod

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from .daemon import DaemonProcess, daemons_on, write_e2e_config
+from .test_security_metrics import PEER, peer_uid  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow  # the real daemon, an engine process and the bridge
 
@@ -71,6 +72,52 @@ with open(sys.argv[1], "w") as out:
 print(json.dumps({"ok": True}), flush=True)
 '''
 
+ESCAPER = '''
+import json
+import os
+import subprocess
+import sys
+
+# a grandchild in a session of its own, with an empty environment: it leaves the
+# engine's process group, session and environment, and must still be ended
+child = subprocess.Popen(["setsid", "env", "-i", "sleep", "300"], start_new_session=True)
+with open(sys.argv[1], "w") as out:
+    out.write(str(child.pid))
+print(json.dumps({"ok": True}), flush=True)
+'''
+
+DIALLER = '''
+import json
+import socket
+import subprocess
+import sys
+
+
+def call(name: str) -> int:
+    """POST /call/NAME on the daemon's socket directly (no bridge, no Capd-Grant)."""
+    body = b'{"text": "direct"}'
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(sys.argv[1])
+        sock.sendall(b"POST /call/" + name.encode() + b" HTTP/1.1\\r\\nHost: capd\\r\\n"
+                     b"Content-Type: application/json\\r\\nContent-Length: "
+                     + str(len(body)).encode() + b"\\r\\nConnection: close\\r\\n\\r\\n" + body)
+        answer = b""
+        while piece := sock.recv(65536):
+            answer += piece
+    return int(answer.split(b" ", 2)[1])
+
+
+# and from a descendant that cleared its environment and left the session
+grandchild = subprocess.run(
+    ["setsid", "env", "-i", sys.executable, "-c",
+     "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
+     "s.sendall(b'GET /capabilities/e2e.slow HTTP/1.1\\\\r\\\\nHost: c\\\\r\\\\n"
+     "Connection: close\\\\r\\\\n\\\\r\\\\n'); print(s.recv(100).split()[1].decode())",
+     sys.argv[1]], capture_output=True, text=True, timeout=30)
+print(json.dumps({"inside": call("e2e.echo"), "outside": call("e2e.slow"),
+                  "grandchild_outside": int(grandchild.stdout.strip() or 0)}), flush=True)
+'''
+
 FAILING = '''
 import sys
 
@@ -85,6 +132,8 @@ def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
     (short_tmp / "sleeper.py").write_text(SLEEPER)
     (short_tmp / "failing.py").write_text(FAILING)
     (short_tmp / "leaky.py").write_text(LEAKY)
+    (short_tmp / "escaper.py").write_text(ESCAPER)
+    (short_tmp / "dialler.py").write_text(DIALLER)
     pid_file = short_tmp / "sleeper.pid"
 
     def write(folder: Path, extra: str) -> Path:
@@ -111,6 +160,16 @@ engine = {json.dumps([PY, str(folder / "failing.py"), "75"])}
 description = "An engine that leaves a child behind."
 capabilities = ["e2e.echo"]
 engine = {json.dumps([PY, str(folder / "leaky.py"), str(folder / "leaky.pid")])}
+
+[agents.escaper]
+description = "An engine whose grandchild leaves its session and environment."
+capabilities = ["e2e.echo"]
+engine = {json.dumps([PY, str(folder / "escaper.py"), str(folder / "escaper.pid")])}
+
+[agents.dialler]
+description = "An engine that dials the daemon's socket itself."
+capabilities = ["e2e.echo"]
+engine = {json.dumps([PY, str(folder / "dialler.py"), str(folder / "capd.sock")])}
 
 [agents.broken]
 description = "An engine that fails for good."
@@ -182,3 +241,54 @@ def test_an_engine_that_leaves_a_child_answers_and_the_child_is_ended(
     pid = int((short_tmp / "leaky.pid").read_text())
     daemon.wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
                       Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", timeout=10)
+
+
+
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}") or \
+        Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+
+
+def test_a_descendant_that_leaves_the_session_is_ended_with_the_run(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """A grandchild that calls setsid and clears its environment (as root) does not outlive
+    the call: every process of the run is killed when it ends."""
+    daemon = up()
+    ran = daemon.call("POST", "/call/agent.escaper", {"goal": "go"})
+    assert ran.status == 200, ran.body
+    pid = int((short_tmp / "escaper.pid").read_text())
+    daemon.wait_until(lambda: _gone(pid), timeout=10)
+
+
+def test_an_engine_dialling_the_socket_is_its_agent_not_the_operator(
+        up: Callable[..., DaemonProcess]) -> None:
+    """An engine (the daemon's uid: an operator's) that calls the socket directly is held
+    to its agent: a capability outside it is the same 404 as for any outside caller, one
+    inside it works; a descendant that cleared its environment and left the session too."""
+    daemon = up()
+    ran = daemon.call("POST", "/call/agent.dialler", {"goal": "go"})
+    assert ran.status == 200, ran.body
+    assert ran.body["result"] == {"inside": 200, "outside": 404, "grandchild_outside": 404}
+    assert daemon.call("POST", "/call/e2e.slow", {"seconds": 0}).status == 200  # operator
+
+
+def test_run_as_runs_the_engine_as_that_user(up: Callable[..., DaemonProcess],
+                                             peer_uid: int) -> None:  # noqa: F811
+    """As root, an agent with run_as runs its engine as that user (its own uid, not
+    root's); a run_as user the host lacks fails the build naming it."""
+    engine = ["/bin/sh", "-c", 'printf \'{"uid": %s}\' "$(id -u)"']
+    daemon = up(f"""
+[agents.unprivileged]
+description = "An engine that says who it runs as."
+capabilities = ["e2e.echo"]
+engine = {json.dumps(engine)}
+run_as = "{PEER}"
+""")
+    ran = daemon.call("POST", "/call/agent.unprivileged", {"goal": "who"})
+    assert ran.status == 200, ran.body
+    assert ran.body["result"] == {"uid": peer_uid}
+    config = Path(daemon.config)
+    config.write_text(config.read_text().replace(f'run_as = "{PEER}"', 'run_as = "nobody-xyz"'))
+    failed = daemon.call("POST", "/reload")
+    assert failed.status != 200
+    assert "run_as 'nobody-xyz': no such user" in json.dumps(failed.body)

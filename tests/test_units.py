@@ -99,7 +99,9 @@ def test_unit_contracts() -> None:
     user_socket = read_unit(UNITS / "user/capd.socket")["Socket"]
     assert (user_socket["ListenStream"], user_socket["SocketMode"]) == (
         "%t/capd/capd.sock", "0600")
-    assert (UNITS / "capd.sysusers.conf").read_text().splitlines()[-1].startswith("u capd ")
+    users = [line for line in (UNITS / "capd.sysusers.conf").read_text().splitlines()
+             if line.startswith("u ")]
+    assert [u.split()[1] for u in users] == ["capd", "capd-agent"]
     for unit in ("capd.service", "capd-notify-reload.service", "user/capd.service"):
         # room for max_connections (4096 by default) client descriptors
         assert int(read_unit(UNITS / unit)["Service"]["LimitNOFILE"]) >= 8192, unit

@@ -36,6 +36,7 @@ from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
 from ._peers import RateLimiter
 from ._problems import problem_body
+from ._runs import EngineRuns
 from ._services import Caller, Context, Reply, Services
 
 log = structlog.get_logger("capd.api")
@@ -205,8 +206,11 @@ class Api:
     """The socket API: one handler for every request, routed by the operator table."""
 
     def __init__(self, services: Services, *, max_body_bytes: int,
-                 limiter: RateLimiter | None = None) -> None:
+                 limiter: RateLimiter | None = None, runs: EngineRuns | None = None) -> None:
         self._services = services
+        self._runs = runs
+        # peer -> the grant of the engine run it belongs to (None: none), per connection
+        self._run_grants: dict[int, tuple[Caller, Grant | None]] = {}
         self.max_body_bytes = max_body_bytes
         self._limiter = limiter or RateLimiter(0, 1)
         self._ids = RequestIds()
@@ -246,6 +250,21 @@ class Api:
         response.headers["Retry-After"] = str(max(1, round(wait_s)))
         return response
 
+    def _run_grant(self, peer: Caller) -> Grant | None:
+        """The grant of the engine run ``peer`` belongs to (read once per connection, and
+        only while runs are in flight); None when it belongs to none."""
+        runs = self._runs
+        if runs is None or not runs.active or peer.pid is None:
+            return None
+        found = self._run_grants.get(id(peer))
+        if found is not None and found[0] is peer:
+            return found[1]
+        grant = runs.grant_of(peer.pid)
+        if len(self._run_grants) >= 4096:
+            self._run_grants.clear()
+        self._run_grants[id(peer)] = (peer, grant)
+        return grant
+
     async def handle(self, request: HttpRequest) -> HttpResponse:
         """Answer one request."""
         headers = request.headers
@@ -263,7 +282,10 @@ class Api:
         # Who the peer is, under the configuration serving now (a reload re-decides).
         authority = self._services.policy.authority
         try:
-            grant = authority.grant_for(peer)
+            run_grant = self._run_grant(peer)
+            # an agent's engine, and everything it started, is that agent: never the
+            # operator whose uid it may run under
+            grant = run_grant if run_grant is not None else authority.grant_for(peer)
             narrowing = headers.get(GRANT_HEADER)
             if narrowing is not None:
                 grant = authority.narrow(grant, narrowing)

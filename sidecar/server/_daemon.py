@@ -63,7 +63,7 @@ from ._api import Api
 from ._authority import Authority, PeerBinding
 from ._config import LoadedConfig, load_config
 from ._consent import ConsentStore
-from ._engines import bridge_config, with_agents
+from ._engines import bridge_config, run_as_ids, with_agents
 from ._gateway import Gateway
 from ._grant import Profile
 from ._http import HttpServer
@@ -73,6 +73,7 @@ from ._peers import RateLimiter
 from ._policy import RECENT, NamedHook, Policy
 from ._queueing import QueueSink
 from ._reload import Reloader
+from ._runs import EngineRuns
 from ._socket import bind_unix_socket, remove_socket, socket_inode
 from ._ssrf import SsrfGuard
 from ._statelock import acquire_state_lock
@@ -183,6 +184,8 @@ class Daemon:
         self.sweep: RetrySweep | None = None
         self.http: HttpServer | None = None
         self.front_doors: FrontDoors | None = None  # made at start, switched at each reload
+        # agents' engine runs: each held to its agent's grant, all its processes killed
+        self.runs = EngineRuns()
         # The start-up registry's search index, built in a thread once the daemon serves
         # (a reload builds its registry's index before swapping it in).
         self._search_build: tuple[Registry, asyncio.Task[SearchIndex]] | None = None
@@ -270,8 +273,13 @@ class Daemon:
         shared queue, no capability whose replay only its own host could verify)."""
         if loaded.config.queue_url:
             _refuse_host_bound_verification(registry)
+        for name, spec in loaded.agents.items():
+            try:
+                run_as_ids(spec)
+            except ValueError as exc:
+                raise ConfigError(f"[agents.{name}]: {exc}") from exc
         try:
-            return with_agents(registry, loaded.agents, self._agent_config)
+            return with_agents(registry, loaded.agents, self._agent_config, self.runs)
         except ValueError as exc:
             raise ConfigError(f"[agents]: {exc} (an agent with an engine is the capability "
                               "agent.NAME; rename the one declared by that name)") from exc
@@ -550,7 +558,7 @@ class Daemon:
         # Phase 4: serve.
         api = Api(
             self, max_body_bytes=config.max_body_bytes,
-            limiter=RateLimiter(config.call_rate_per_s, config.call_burst),
+            limiter=RateLimiter(config.call_rate_per_s, config.call_burst), runs=self.runs,
         )
         # Keep descriptors in reserve for the queue, probes and subprocesses: when the
         # limit cannot be raised far enough, fewer connections are admitted instead.
@@ -609,6 +617,7 @@ class Daemon:
                 loop.remove_signal_handler(signum)
             if inode is not None:  # never unlink a socket systemd handed us
                 remove_socket(self.socket_path, inode)
+            self.runs.close()
             self.notifier.close()
         self.state = "stopped"
         log.info("stopped")

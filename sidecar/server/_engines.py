@@ -43,6 +43,9 @@ from capd.registry import (
     TransientToolError,
 )
 
+from ._grant import Grant, Profile
+from ._runs import EngineRuns
+
 AGENT_PREFIX = "agent."
 SOURCE = "capd:agents"
 MAX_OUTPUT = 1 << 20
@@ -77,9 +80,37 @@ ConfigFor = Callable[[str, Mapping[str, str]], dict[str, Any]]
 """The MCP configuration of agent NAME in a context (raises when it does not resolve)."""
 
 
-def agent_capabilities(agents: Mapping[str, AgentSpec], config_for: ConfigFor
-                       ) -> list[Capability]:
-    """One capability for each agent that declares an engine."""
+def agent_grant(name: str, spec: AgentSpec) -> Grant:
+    """What agent ``name``'s engine, and every process it starts, may reach on the
+    socket: exactly the agent's declared capabilities (names, globs, ``tag:`` entries)."""
+    names = tuple(e for e in spec.capabilities if not e.startswith("tag:"))
+    tags = tuple(e.removeprefix("tag:") for e in spec.capabilities if e.startswith("tag:"))
+    return Grant("agent", Profile(f"engine.{name}", names, tags), bound=True)
+
+
+def run_as_ids(spec: AgentSpec) -> tuple[int | None, int | None]:
+    """The uid and gid ``run_as`` names when the daemon is root (None, None otherwise).
+
+    Raises ``ValueError`` naming a user this host does not have."""
+    if spec.run_as is None or os.geteuid() != 0:
+        return None, None
+    import pwd
+
+    try:
+        entry = (pwd.getpwuid(int(spec.run_as)) if spec.run_as.isdigit()
+                 else pwd.getpwnam(spec.run_as))
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"run_as {spec.run_as!r}: no such user on this host (create it, "
+                         "e.g. the units' sysusers.d capd-agent)") from exc
+    return entry.pw_uid, entry.pw_gid
+
+
+def agent_capabilities(agents: Mapping[str, AgentSpec], config_for: ConfigFor,
+                       runs: EngineRuns | None = None) -> list[Capability]:
+    """One capability for each agent that declares an engine (its runs tracked by
+    ``runs``: held to the agent's grant, every process killed at the end).
+
+    Raises ``ValueError`` for a ``run_as`` user this host does not have."""
     out = []
     for name, spec in sorted(agents.items()):
         if spec.engine is None:
@@ -89,7 +120,8 @@ def agent_capabilities(agents: Mapping[str, AgentSpec], config_for: ConfigFor
             name=f"{AGENT_PREFIX}{name}", summary=summary,
             description=(f"{summary} Runs {spec.engine[0]} with the goal; its own tool calls "
                          "go through capd with the agent's capabilities."),
-            parameters=AgentTask, func=_runner(name, spec, config_for),
+            parameters=AgentTask, func=_runner(name, spec, config_for, runs or EngineRuns(
+                use_cgroups=False)),
             mutates_state=True, safety="external_side_effects", retry_policy="manual",
             tags=("agent",), timeout_s=spec.timeout_s, latency_class=spec.latency_class,
             agent={"name": name, "engine": list(spec.engine),
@@ -99,14 +131,18 @@ def agent_capabilities(agents: Mapping[str, AgentSpec], config_for: ConfigFor
     return out
 
 
-def with_agents(registry: Registry, agents: Mapping[str, AgentSpec], config_for: ConfigFor
-                ) -> Registry:
-    """``registry`` with the agents' capabilities (a clash with a declared name is a
-    ``ValueError``)."""
-    return registry.with_source(SOURCE, agent_capabilities(agents, config_for), {})
+def with_agents(registry: Registry, agents: Mapping[str, AgentSpec], config_for: ConfigFor,
+                runs: EngineRuns | None = None) -> Registry:
+    """``registry`` with the agents' capabilities (a clash with a declared name, or a
+    ``run_as`` user the host lacks, is a ``ValueError``)."""
+    return registry.with_source(SOURCE, agent_capabilities(agents, config_for, runs), {})
 
 
-def _runner(name: str, spec: AgentSpec, config_for: ConfigFor) -> Callable[..., Any]:
+def _runner(name: str, spec: AgentSpec, config_for: ConfigFor, runs: EngineRuns
+            ) -> Callable[..., Any]:
+    uid, gid = run_as_ids(spec)  # checked when the registry is built: an unknown user fails it
+    grant = agent_grant(name, spec)
+
     async def run(params: AgentTask) -> Any:
         # The caller's context goes to the engine in its request, never into the agent's
         # resolution: a caller must not select injections or fill the agent's server args.
@@ -120,36 +156,51 @@ def _runner(name: str, spec: AgentSpec, config_for: ConfigFor) -> Callable[..., 
         request = {"goal": params.goal, "context": params.context, "cwd": cwd,
                    "system_prompt": spec.system_prompt, "agent": name}
         assert spec.engine is not None
-        return await run_engine(spec.engine, request, config, cwd=cwd, agent=name)
+        return await run_engine(spec.engine, request, config, cwd=cwd, agent=name,
+                                runs=runs, grant=grant, uid=uid, gid=gid)
 
     run.__name__ = f"agent_{name}"
     return run
 
 
 async def run_engine(argv: tuple[str, ...], request: dict[str, Any], config: dict[str, Any],
-                     *, cwd: str | None, agent: str) -> Any:
-    """Run one engine on ``request`` with its MCP ``config``; its JSON answer."""
-    with tempfile.TemporaryDirectory(prefix="capd-agent-") as folder:
-        config_path = Path(folder) / "mcp.json"
-        config_path.write_text(json.dumps(config))
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=cwd, start_new_session=True,
-                env={**_inherited_env(), "CAPD_MCP_CONFIG": str(config_path),
-                     "CAPD_AGENT": agent})
-        except OSError as exc:
-            raise PermanentToolError(f"agent {agent}: its engine {argv[0]!r} cannot start: "
-                                     f"{exc.strerror or exc}") from exc
-        try:
-            return await _talk(proc, request, agent)
-        finally:
-            # answered, failed or cancelled (its timeout): nothing it started stays running
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            if proc.returncode is None:
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(proc.wait())
+                     *, cwd: str | None, agent: str, runs: EngineRuns, grant: Grant,
+                     uid: int | None = None, gid: int | None = None) -> Any:
+    """Run one engine on ``request`` with its MCP ``config``; its JSON answer. The engine
+    and everything it starts are one run of ``runs`` (held to ``grant`` on the socket,
+    all killed when the run ends), as ``uid``/``gid`` when given."""
+    run = runs.start(agent, grant)
+    try:
+        with tempfile.TemporaryDirectory(prefix="capd-agent-") as folder:
+            config_path = Path(folder) / "mcp.json"
+            config_path.write_text(json.dumps(config))
+            if uid is not None:  # the engine's user reads its configuration
+                os.chown(folder, uid, gid if gid is not None else -1)
+                os.chown(config_path, uid, gid if gid is not None else -1)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *runs.launcher(run, argv, uid, gid), stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd,
+                    start_new_session=True,
+                    env={**_inherited_env(), "CAPD_MCP_CONFIG": str(config_path),
+                         "CAPD_AGENT": agent, **runs.environment(run)})
+            except OSError as exc:
+                raise PermanentToolError(f"agent {agent}: its engine {argv[0]!r} cannot "
+                                         f"start: {exc.strerror or exc}") from exc
+            runs.attach(run, proc.pid)
+            try:
+                return await _talk(proc, request, agent)
+            finally:
+                # answered, failed or cancelled (its timeout): nothing it started stays
+                # running, whatever session or group it moved to
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await asyncio.shield(runs.finish(run))
+                if proc.returncode is None:
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(proc.wait())
+    finally:  # whatever failed before the engine started: the run is forgotten (idempotent)
+        await asyncio.shield(runs.finish(run))
 
 
 async def _talk(proc: asyncio.subprocess.Process, request: dict[str, Any], agent: str) -> Any:
