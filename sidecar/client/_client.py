@@ -20,8 +20,12 @@ class _UnixConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(str(self._path))
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(str(self._path))
+        except BaseException:  # refused, denied, absent: the socket is ours to close
+            sock.close()
+            raise
         self.sock = sock
 
 
