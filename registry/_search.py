@@ -144,30 +144,57 @@ class SearchIndex:
                  b: float = 0.75, cache_dir: Path | None = None,
                  embedder: Embedder | None = None, fusion: Fusion = DEFAULT_FUSION) -> None:
         # Ordered by name, so that a stable sort breaks ties by name.
-        self._caps = sorted({c.name: c for c in capabilities}.values(), key=lambda c: c.name)
-        self._position = {c.name: i for i, c in enumerate(self._caps)}
+        caps = sorted({c.name: c for c in capabilities}.values(), key=lambda c: c.name)
+        if embedder is None:
+            try:
+                embedder = load_embedder()
+            except EmbeddingModelMissing as exc:
+                log.warning("search_semantic_unavailable", error=str(exc))
+        vectors: Vectors | None = None
+        embedded = 0
+        if embedder is not None and caps:
+            texts = [semantic_text(c) for c in caps]
+            vectors, embedded = embed_with_cache(embedder, texts, cache_dir)
+        self._setup(caps, k1, b, fusion, embedder, vectors)
+        self.embedded = embedded
+
+    def _setup(self, caps: list[Capability], k1: float, b: float, fusion: Fusion,
+               embedder: Embedder | None, vectors: Vectors | None) -> None:
+        """Build the lexical index and lookups over ``caps`` (sorted by name), with their
+        capsule ``vectors`` (row for row)."""
+        self._caps = caps
+        self._k1, self._b = k1, b
+        self._position = {c.name: i for i, c in enumerate(caps)}
         self._fusion = fusion
         self._exact: dict[str, int] = {}
-        for i, cap in enumerate(self._caps):
+        for i, cap in enumerate(caps):
             for key in (cap.name, *cap.aliases):
                 self._exact[key.lower()] = i
         self._embedder = embedder
-        if self._embedder is None:
-            try:
-                self._embedder = load_embedder()
-            except EmbeddingModelMissing as exc:
-                log.warning("search_semantic_unavailable", error=str(exc))
-        known = self._embedder.knows if self._embedder is not None else (lambda _word: False)
-        self._lexical = LexicalIndex([_fields(c) for c in self._caps], k1=k1, b=b, known=known)
-        self._vectors: Vectors | None = None
+        known = embedder.knows if embedder is not None else (lambda _word: False)
+        self._lexical = LexicalIndex([_fields(c) for c in caps], k1=k1, b=b, known=known)
+        self._vectors = vectors
         self._blocks: list[tuple[Vectors, slice]] = []
-        self.embedded = 0
-        if self._embedder is not None and self._caps:
-            texts = [semantic_text(c) for c in self._caps]
-            self._vectors, self.embedded = embed_with_cache(self._embedder, texts, cache_dir)
-            self._blocks = [(self._vectors[start:start + _BLOCK_ROWS],
+        if vectors is not None:
+            self._blocks = [(vectors[start:start + _BLOCK_ROWS],
                              slice(start, start + _BLOCK_ROWS))
-                            for start in range(0, len(self._vectors), _BLOCK_ROWS)]
+                            for start in range(0, len(vectors), _BLOCK_ROWS)]
+        self.embedded = 0
+
+    def subset(self, keep: Callable[[Capability], bool]) -> SearchIndex:
+        """The index of the capabilities ``keep`` takes, ranked as if no other existed:
+        document frequencies, lengths and every normalisation are over them alone, so a
+        restricted caller's scores never move with what it cannot see. The capsule
+        vectors are shared (sliced), never embedded again. Blocking: call it off the loop.
+        """
+        chosen = [i for i, cap in enumerate(self._caps) if keep(cap)]
+        index = object.__new__(SearchIndex)
+        vectors = None
+        if self._vectors is not None and chosen:
+            vectors = np.ascontiguousarray(self._vectors[chosen])
+        index._setup([self._caps[i] for i in chosen], self._k1, self._b, self._fusion,
+                      self._embedder, vectors)
+        return index
 
     def __len__(self) -> int:
         return len(self._caps)

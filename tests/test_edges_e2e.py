@@ -161,3 +161,34 @@ def test_an_agents_context_says_what_it_does() -> None:
 
     described = AgentTask.model_json_schema()["properties"]["context"]["description"]
     assert "selects no injections" in described
+
+
+def test_a_restricted_callers_scores_do_not_move_with_what_it_cannot_see(
+        up: Callable[..., DaemonProcess], short_tmp: Path) -> None:
+    """A profile-bound caller's search scores are the same before and after capabilities
+    it cannot see (and that match its query better) are added; the operator's move."""
+    daemon = up(f"""
+[profiles.notes]
+capabilities = ["notes.*"]
+[[peers]]
+gid = {GROUP}
+profile = "notes"
+""")
+    bound = [f"--groups={GROUP}"]
+
+    def scores(who: list[str] | None) -> list[tuple[str, float]]:
+        path = "/search?q=read%20a%20note&k=5"
+        body = as_peer(daemon, who, "GET", path)[1] if who else daemon.call("GET", path).body
+        return [(r["name"], r["score"]) for r in body["results"]]
+
+    before, operator_before = scores(bound), scores(None)
+    assert [name for name, _ in before] == ["notes.read"]
+    (short_tmp / "more.toml").write_text("".join(
+        f'[[capability]]\nname = "hidden.read_note_{i}"\nop = "e2e.echo"\n'
+        f'summary = "Read a note, read a note: note reading {i}."\n\n' for i in range(30)))
+    config = Path(daemon.config)
+    config.write_text(config.read_text().replace(
+        'declarations = ["caps.toml"]', 'declarations = ["caps.toml", "more.toml"]'))
+    assert daemon.call("POST", "/reload").status == 200
+    assert scores(bound) == before
+    assert scores(None) != operator_before

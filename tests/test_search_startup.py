@@ -62,9 +62,9 @@ async def held_daemon(example_copy: Path, tmp_path: Path, monkeypatch: pytest.Mo
     arrived = asyncio.Event()
     real_index = daemon.search_index
 
-    async def search_index() -> Any:
+    async def search_index(grant: Any = None) -> Any:
         arrived.set()
-        return await real_index()
+        return await real_index(grant)
 
     daemon.search_index = search_index  # type: ignore[method-assign]
     try:

@@ -65,7 +65,7 @@ from ._config import LoadedConfig, load_config
 from ._consent import ConsentStore
 from ._engines import bridge_config, run_as_ids, with_agents
 from ._gateway import Gateway
-from ._grant import Profile
+from ._grant import Grant, Profile
 from ._http import HttpServer
 from ._loops import LoopDetector, LoopPolicy
 from ._metrics import Metrics
@@ -190,6 +190,8 @@ class Daemon:
         # (a reload builds its registry's index before swapping it in).
         self._search_build: tuple[Registry, asyncio.Task[SearchIndex]] | None = None
         self._boosts: tuple[float, Mapping[str, float]] | None = None
+        # (index, profile, narrowing) -> the index of what that reach may see
+        self._visible_indexes: dict[tuple[int, Any, Any], tuple[SearchIndex, SearchIndex]] = {}
 
     def _upstream_tools_changed(self, tool: str) -> None:
         """A server said its tools changed: one refresh of that server's capabilities
@@ -349,12 +351,26 @@ class Daemon:
             self._boosts = (now, success_boost(self.gateway.stats.by_status))
         return self._boosts[1]
 
-    async def search_index(self) -> SearchIndex:
-        """The serving registry's search index; waits (off the loop) while it is built.
+    async def search_index(self, grant: Grant | None = None) -> SearchIndex:
+        """The serving registry's search index, or for a restricted ``grant`` the index of
+        what it may see (kept per reach, made off the loop); waits while it is built.
 
         A build that failed is tried again by the next search, which answers the
         failure meanwhile.
         """
+        index = await self._full_search_index()
+        if grant is None or not grant.restricted:
+            return index
+        key = (id(index), grant.profile, grant.narrowing)
+        found = self._visible_indexes.get(key)
+        if found is None or found[0] is not index:
+            subset = await asyncio.to_thread(index.subset, grant.allows)
+            if len(self._visible_indexes) >= 64:  # reaches come and go with reloads
+                self._visible_indexes.clear()
+            found = self._visible_indexes[key] = (index, subset)
+        return found[1]
+
+    async def _full_search_index(self) -> SearchIndex:
         registry = self.registry
         if registry.search_prepared:
             return registry.search_index()

@@ -379,7 +379,9 @@ async def search(ctx: Context) -> Reply:
         return ((safety is None or cap.safety == safety) and seen(cap)
                 and _runs_for(cap, host, left_out))
 
-    index = await d.search_index()  # the search stack (numpy...) is imported with it
+    # what the caller may see, ranked as if nothing else existed (the search stack, numpy
+    # and all, is imported with it)
+    index = await d.search_index(ctx.caller.grant)
     ranking = await asyncio.to_thread(  # off the loop: a search costs with its query
         partial(index.rank, query, k=k, tags=tags, latency_class=latency, allowed=allowed,
                 boost=d.success_boosts(), explain=explain))
