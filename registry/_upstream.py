@@ -30,10 +30,15 @@ daemon refreshes that server's tools, and the new list becomes its capabilities)
 Calls as they happen. A call's progress notifications go to the stream of the
 caller that made it (:mod:`._events`), and a caller that goes away cancels the
 call (the SDK sends the server ``notifications/cancelled``, as it does past
-``call_timeout_s``). Over stdio a server's sampling and elicitation requests and
-its log messages name no call: capd relays them to the caller of the one call in
-flight on that server, and refuses a request (with why) when there is none, more
-than one, or its caller cannot answer — it never sends one to another client.
+``call_timeout_s``). A server's sampling and elicitation requests and its log
+messages go to the caller of the call they belong to, and to no other. Over
+streamable HTTP they come on that call's own response stream, and capd reads which
+(``_bounded_http.Relations``): a request whose call has ended, or that came on no
+call's stream, is refused. Over stdio they name no call: capd relays them to the
+caller of the one call in flight, and only when no other call to that server
+overlapped it (else it cannot know whose it is); it refuses a request (with why) when
+there is no such call or its caller cannot answer — it never sends one to another
+client. A log line it cannot place goes to capd's own log.
 
 Resources and prompts. A server that offers them has its lists read at the
 handshake (and again after its ``list_changed``); :class:`UpstreamPool` serves them
@@ -68,6 +73,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from ._events import KIND_OF_METHOD, CallEvents, CannotAsk, current_events
 from ._model import DESCRIPTION_MAX_TOKENS, Capability, McpProbe, Safety, estimate_tokens
 from ._outcomes import PermanentToolError, ToolAnswer, ToolUnavailable, TransientToolError
+from ._relations import CALL_META, Relations
 
 if TYPE_CHECKING:  # the SDK's types and jsonschema are imported when an upstream is used
     import mcp_types as types
@@ -109,6 +115,11 @@ class Upstream:
         # The calls in flight, each with its caller's stream (None: the caller has none).
         self._inflight: dict[int, CallEvents | None] = {}
         self._calls = 0
+        # calls that another call to this server overlapped (over stdio, whose questions
+        # name no call, a question during one could be the other's: it goes to none)
+        self._overlapped: set[int] = set()
+        # over streamable HTTP, which call each server message came with
+        self._relations = Relations() if spec.url is not None else None
         # What the server offers beside tools (read at the handshake, again once stale).
         self.offers: dict[str, list[Any]] = {"resources": [], "templates": [], "prompts": []}
         self.server: dict[str, Any] | None = None  # what the handshake said it is
@@ -205,11 +216,15 @@ class Upstream:
                 events.progress(done, total, message)
         self._calls += 1
         token = self._calls
+        if self._inflight:  # they overlap: over stdio no question can be placed in either
+            self._overlapped.update(self._inflight)
+            self._overlapped.add(token)
         self._inflight[token] = events
         try:
             result: types.CallToolResult = await session.call_tool(
                 name, arguments, read_timeout_seconds=self.spec.call_timeout_s,
-                progress_callback=progress)
+                progress_callback=progress,
+                meta={CALL_META: token} if self._relations is not None else None)
         except (OSError, EOFError) as exc:
             await self._drop()
             raise ToolUnavailable(f"MCP server {self.tool_id} went away "
@@ -230,18 +245,38 @@ class Upstream:
             raise
         finally:
             del self._inflight[token]
+            self._overlapped.discard(token)
         return result
 
-    def _caller_of_request(self, kind: str) -> CallEvents:
-        """The stream of the one call in flight, if its caller can answer ``kind``;
-        raise :class:`CannotAsk` (saying why) otherwise."""
+    def _owner(self, kind: str, request_id: Any) -> int:
+        """The call a server request belongs to; raise :class:`CannotAsk` saying why none
+        can be told (see the module docstring)."""
+        if self._relations is not None:  # streamable HTTP: the stream it came on says
+            token = self._relations.call_of_request(request_id)
+            if token is None:
+                raise CannotAsk(f"the {kind} request of {self.tool_id} came on no call's "
+                                "stream; capd relays one only to the client whose call made it")
+            if token not in self._inflight:
+                raise CannotAsk(f"the call the {kind} request of {self.tool_id} belongs to "
+                                "has ended; capd relays it to no other client")
+            return token
         if not self._inflight:
             raise CannotAsk(f"capd relays a {kind} request only to the client whose call "
                             f"made it, and no call to {self.tool_id} is in flight")
         if len(self._inflight) > 1:
             raise CannotAsk(f"{len(self._inflight)} calls to {self.tool_id} are in flight and "
                             f"the {kind} request names none of them; capd sends it to none")
-        events = next(iter(self._inflight.values()))
+        token = next(iter(self._inflight))
+        if token in self._overlapped:
+            raise CannotAsk(f"another call to {self.tool_id} ran beside this one, and a {kind} "
+                            "request over stdio names none: it could be the other's, so capd "
+                            "sends it to none")
+        return token
+
+    def _caller_of_request(self, kind: str, request_id: Any = None) -> CallEvents:
+        """The stream of the call the request belongs to, if its caller can answer
+        ``kind``; raise :class:`CannotAsk` (saying why) otherwise."""
+        events = self._inflight[self._owner(kind, request_id)]
         if events is None:
             raise CannotAsk(f"the client of this call to {self.tool_id} opened no stream "
                             f"(Accept: application/x-ndjson), so it cannot answer {kind}")
@@ -249,13 +284,14 @@ class Upstream:
             raise CannotAsk(f"the client of this call to {self.tool_id} cannot answer {kind}")
         return events
 
-    async def _ask(self, method: str, params: Any, result_type: Any) -> Any:
+    async def _ask(self, method: str, params: Any, result_type: Any,
+                   request_id: Any = None) -> Any:
         """A server-to-client request, relayed to the caller of the call that made it."""
         import mcp_types as types
 
         kind = KIND_OF_METHOD[method]
         try:
-            events = self._caller_of_request(kind)
+            events = self._caller_of_request(kind, request_id)
             raw = await events.ask(method, params.model_dump(mode="json", by_alias=True,
                                                              exclude_none=True))
             return result_type.model_validate(raw)
@@ -270,19 +306,27 @@ class Upstream:
     async def _sampling(self, context: Any, params: Any) -> Any:
         import mcp_types as types
 
-        return await self._ask("sampling/createMessage", params, types.CreateMessageResult)
+        return await self._ask("sampling/createMessage", params, types.CreateMessageResult,
+                               getattr(context, "request_id", None))
 
     async def _elicitation(self, context: Any, params: Any) -> Any:
         import mcp_types as types
 
-        return await self._ask("elicitation/create", params, types.ElicitResult)
+        return await self._ask("elicitation/create", params, types.ElicitResult,
+                               getattr(context, "request_id", None))
 
     async def _logging(self, params: Any) -> None:
-        if len(self._inflight) == 1:
-            events = next(iter(self._inflight.values()))
-            if events is not None:
-                events.log(str(params.level), params.logger, params.data)
-                return
+        """A log line goes to the caller of the call it belongs to, else to capd's log."""
+        if self._relations is not None:
+            token = self._relations.call_of_log(params)
+        elif len(self._inflight) == 1 and not self._overlapped:
+            token = next(iter(self._inflight))
+        else:
+            token = None
+        events = self._inflight.get(token) if token is not None else None
+        if events is not None:
+            events.log(str(params.level), params.logger, params.data)
+            return
         log.info("upstream_log", tool=self.tool_id, level=str(params.level),
                  logger=params.logger, data=params.data)
 
@@ -392,7 +436,7 @@ class Upstream:
                 else:
                     assert spec.url is not None
                     client = await stack.enter_async_context(
-                        bounded_http_client(spec.max_result_bytes))
+                        bounded_http_client(spec.max_result_bytes, self._relations))
                     streams = await stack.enter_async_context(streamable_http_client(
                         spec.url, http_client=client,
                         max_sse_event_size=spec.max_result_bytes))
