@@ -23,9 +23,13 @@ from typing import Any
 
 import httpx2
 import orjson
-from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
 from ._relations import CALL_META, Relations
+
+REQUEST_TIMEOUT_S = 30.0
+SSE_READ_TIMEOUT_S = 300.0
+"""The HTTP timeouts of an upstream session: the SDK's own defaults (written here, not
+read from its private ``_httpx_utils``)."""
 
 
 class AnswerTooLarge(httpx2.StreamError):
@@ -113,7 +117,7 @@ async def bounded_http_client(limit: int, relations: Relations | None = None
                               ) -> AsyncIterator[httpx2.AsyncClient]:
     """An HTTP client with the SDK's timeouts whose JSON answers stop at ``limit`` bytes
     (and, with ``relations``, that records which call each server message came with)."""
-    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    timeout = httpx2.Timeout(REQUEST_TIMEOUT_S, read=SSE_READ_TIMEOUT_S)
     transport = _BoundedTransport(limit, relations)
     async with httpx2.AsyncClient(timeout=timeout, transport=transport) as client:
         yield client

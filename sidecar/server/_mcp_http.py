@@ -407,7 +407,7 @@ async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
         timeout_graceful_shutdown=2)
     server = _Server(config)
     async with door.manager.run():
-        task = asyncio.ensure_future(server._serve(sockets=[sock]))
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
         log.info("mcp_http_listening", listen=settings.listen, path=settings.path,
                  tls=settings.tls_cert is not None)
         stopper = asyncio.ensure_future(stop.wait())
