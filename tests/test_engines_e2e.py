@@ -285,7 +285,7 @@ engine = {json.dumps(engine)}
 run_as = "{PEER}"
 """)
     ran = daemon.call("POST", "/call/agent.unprivileged", {"goal": "who"})
-    assert ran.status == 200, ran.body
+    assert ran.status == 200, ran.body.get("message")
     assert ran.body["result"] == {"uid": peer_uid}
     config = Path(daemon.config)
     config.write_text(config.read_text().replace(f'run_as = "{PEER}"', 'run_as = "nobody-xyz"'))
