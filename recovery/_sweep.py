@@ -211,7 +211,7 @@ class RetrySweep:
             return
         try:
             params = cap.parameters.model_validate(job.params)
-        except ValidationError as exc:
+        except (ValidationError, SystemExit, KeyboardInterrupt) as exc:  # a validator exited
             await self._queue.retry_later(job, error=f"parameters no longer valid: {exc}",
                                           error_class="invalid_params", permanent=True)
             self._count("dead", job)

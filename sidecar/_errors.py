@@ -51,6 +51,15 @@ class InvalidParams(SidecarError):
         )
 
 
+def validator_exit(exc: BaseException) -> dict[str, Any]:
+    """The error entry of a parameter validator that raised ``SystemExit`` or
+    ``KeyboardInterrupt`` (an argparse-wrapped validator given a bad value): the call's
+    parameters are invalid; the daemon goes on."""
+    return {"type": "validator_exited", "loc": [],
+            "msg": f"the capability's parameter validator raised {type(exc).__name__}"
+                   f"({exc}); check the values against its description"}
+
+
 class InvalidTimeout(SidecarError):
     """A per-call timeout that is not seconds in (0, the capability's ``timeout_s``]."""
 

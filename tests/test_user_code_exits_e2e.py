@@ -21,7 +21,7 @@ PACK = '''
 import argparse
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 from capd.registry import TransientToolError, after_call, before_call, op
 
 HERE = Path(__file__).parent
@@ -29,6 +29,22 @@ HERE = Path(__file__).parent
 
 class Args(BaseModel):
     argv: list[str] = []
+
+
+class Parsed(BaseModel):
+    argv: str
+
+    @field_validator("argv")
+    @classmethod
+    def parse(cls, value: str) -> str:
+        parser = argparse.ArgumentParser(prog="validator")
+        parser.add_argument("--name", required=True)
+        return parser.parse_args(value.split()).name
+
+
+@op("ex.validated")
+async def validated(params: Parsed) -> str:
+    return params.argv
 
 
 @op("ex.async_exit")
@@ -93,6 +109,11 @@ summary = "An async op raising SystemExit."
 name = "ex.cli"
 op = "ex.cli"
 summary = "An argparse CLI run in process."
+
+[[capability]]
+name = "ex.validated"
+op = "ex.validated"
+summary = "An op whose parameter validator runs argparse."
 
 [[capability]]
 name = "ex.interrupt"
@@ -234,3 +255,22 @@ def test_a_plugin_that_exits_at_import_fails_the_reload(daemon: DaemonProcess,
     _alive(daemon)
     health = daemon.call("GET", "/health").body
     assert "SystemExit" in json.dumps(health)
+
+
+def test_a_parameter_validator_that_exits_is_invalid_parameters(
+        daemon: DaemonProcess) -> None:
+    """A plugin's pydantic validator running argparse on a bad value raises SystemExit: the
+    call (alone, in a batch, in a pre-flight) answers invalid parameters; the daemon lives."""
+    single = daemon.call("POST", "/call/ex.validated", {"argv": "--bogus"})
+    assert single.status == 422, single.body
+    assert "validator raised SystemExit" in json.dumps(single.body)
+    batch = daemon.call("POST", "/calls", {"calls": [
+        {"capability": "ex.validated", "params": {"argv": "--bogus"}},
+        {"capability": "ex.validated", "params": {"argv": "--name ok"}}]})
+    assert batch.status == 200, batch.body
+    plan = daemon.call("POST", "/preflight", {"calls": [
+        {"capability": "ex.validated", "params": {"argv": "--bogus"}}]})
+    assert plan.body["refused"][0]["reason"] == "invalid_params", plan.body
+    fine = daemon.call("POST", "/call/ex.validated", {"argv": "--name ok"})
+    assert fine.body["result"] == "ok"
+    _alive(daemon)

@@ -24,6 +24,7 @@ import structlog
 from structlog.contextvars import bind_contextvars
 
 from capd.recovery import tracing
+from capd.registry import USER_CODE_FAILURES
 
 from .._errors import (
     BadRequest,
@@ -104,8 +105,11 @@ def _to_response(reply: Reply, request_id: str) -> HttpResponse:
     return HttpResponse(reply.status, body, reply.content_type, headers)
 
 
-def _problem_for(exc: Exception, path: str) -> HttpResponse:
-    """Translate an error raised while handling a request into a problem response."""
+def _problem_for(exc: BaseException, path: str) -> HttpResponse:
+    """Translate an error raised while handling a request into a problem response (a
+    plugin's ``SystemExit`` or ``KeyboardInterrupt`` is an internal error, said so)."""
+    if not isinstance(exc, Exception):
+        exc = RuntimeError(f"{type(exc).__name__} ({exc}) raised by a plugin's code")
     status, body = problem_body(exc, path)
     return HttpResponse(status, dumps(body), PROBLEM_JSON)
 
@@ -353,13 +357,15 @@ class Api:
                     tracing.detach(token)
             else:
                 reply = await HANDLERS[row.handler](ctx)
-        except Exception as exc:  # every failure becomes a problem+json answer
+        except USER_CODE_FAILURES as exc:  # every failure (a plugin's SystemExit too)
+            # becomes a problem+json answer, never the daemon's end
             response = _problem_for(exc, request.path)
             response.headers["X-Request-Id"] = request_id
             return response
         try:
             return _to_response(reply, request_id)
-        except Unencodable as exc:  # a body JSON cannot hold: say so, never a bare 500
+        except (Unencodable, SystemExit, KeyboardInterrupt) as exc:  # a body JSON cannot hold
+            # (or a plugin's serializer that exited): say so, never a bare 500
             log.error("reply_unencodable", path=request.path, error=str(exc))
             response = problem(500, "Internal Error",
                                f"the answer cannot be written as JSON: {exc}")

@@ -48,7 +48,7 @@ from capd.registry import (
     UnknownCapability,
 )
 
-from .._errors import Draining, InvalidParams, InvalidTimeout
+from .._errors import Draining, InvalidParams, InvalidTimeout, validator_exit
 from .._logging import log_call
 from ._grant import Grant, resolve
 from ._policy import NamedHook, Policy
@@ -394,6 +394,8 @@ class Gateway:
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_context=False, include_input=False)
             raise InvalidParams(cap.name, [dict(e) for e in errors]) from exc
+        except (SystemExit, KeyboardInterrupt) as exc:  # a validator of the plugin's exited
+            raise InvalidParams(cap.name, [validator_exit(exc)]) from exc
 
     def refuse(self, call: Call, kind: str, error_type: str, message: str,
                **fields: Any) -> ToolResult:

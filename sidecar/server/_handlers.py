@@ -16,7 +16,14 @@ from pydantic import BaseModel, ValidationError
 from capd.recovery import JOB_STATES, Job, JobQueue, RecoveryError
 from capd.registry import CALL_EVENTS, SAFETY_LEVELS, CallerHost, Capability, UnknownCapability
 
-from .._errors import BadRequest, ExportConflict, Forbidden, InvalidTimeout, UnknownProfile
+from .._errors import (
+    BadRequest,
+    ExportConflict,
+    Forbidden,
+    InvalidTimeout,
+    UnknownProfile,
+    validator_exit,
+)
 from .._table import PROVIDER_FORMATS, command
 from .._views import (
     capsule,
@@ -892,6 +899,8 @@ def _params_problems(cap: Capability, params: dict[str, Any]) -> list[dict[str, 
     except ValidationError as exc:
         return [dict(e) for e in exc.errors(include_url=False, include_context=False,
                                             include_input=False)]
+    except (SystemExit, KeyboardInterrupt) as exc:  # a validator of the plugin's exited
+        return [validator_exit(exc)]
     return []
 
 
