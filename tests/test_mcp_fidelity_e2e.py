@@ -574,3 +574,7 @@ profile = "notes"
     operator = daemon.call("POST", "/resources/read",
                            {"uri": "capd://full/memo://notes/private/payroll"})
     assert operator.body["contents"][0]["text"] == "private payroll"
+    long = daemon.call("POST", "/resources/read",
+                       {"uri": "capd://full/memo://notes/" + "a." * 30_000})
+    assert long.status == 400
+    assert "at most 1024 characters" in long.body["detail"]

@@ -13,6 +13,7 @@ text), most literal text first, so a hidden ``memo://notes/private/{name}`` keep
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 from collections.abc import Awaitable
@@ -72,6 +73,9 @@ async def resource_read(ctx: Context) -> Reply:
     uri = body.get("uri")
     if not isinstance(uri, str) or not uri:
         raise BadRequest('send {"uri": "capd://<server prefix>/<uri>"} (see GET /resources)')
+    if len(uri) > MAX_URI_CHARS:
+        raise BadRequest(f"a resource uri holds at most {MAX_URI_CHARS} characters; name "
+                         "the resource as listed")
     grant = ctx.caller.grant
     try:
         upstream, own = ctx.services.upstreams.resource_server(uri)
@@ -82,9 +86,10 @@ async def resource_read(ctx: Context) -> Reply:
     if _dotted(own):
         raise BadRequest(f"{uri!r}: a resource uri with '.' or '..' segments (or their "
                          "percent-encoding) is refused; name the resource as listed")
-    if grant.restricted and not _may_read(grant, upstream, uri,
-                                          await ctx.services.upstreams.offered("resources"),
-                                          await ctx.services.upstreams.offered("templates")):
+    if grant.restricted and not await asyncio.to_thread(  # off the loop: a regex per template
+            _may_read, grant, upstream, uri,
+            await ctx.services.upstreams.offered("resources"),
+            await ctx.services.upstreams.offered("templates")):
         raise _hidden(f"resource {uri!r}")
     result = await _asked(upstream, "resources/read", own, upstream.read_resource(own))
     prefix = uri.removeprefix("capd://").partition("/")[0]
@@ -112,11 +117,15 @@ def _may_read(grant: Grant, upstream: Upstream, uri: str,
     return _inside(grant, upstream, str(most_specific.get("name", "")))
 
 
+MAX_URI_CHARS = 1024
+"""The longest resource uri read (matching one against templates costs with its length)."""
+
 _EXPRESSION = re.compile(r"\{([+#./;?&]?)([^}]*)\}")
 _VALUE = {  # what each RFC 6570 operator's expansion may hold
     "": r"[^/?#]*",  # simple: reserved characters are percent-encoded, so one segment
     "+": r".*", "#": r"(?:#.*)?",
-    "/": r"(?:/[^/?#]*)*", ".": r"(?:\.[^/?#.]*)*", ";": r"(?:;[^/?#]*)*",
+    # each repeated piece excludes its own separator: one way to split, no backtracking blow-up
+    "/": r"(?:/[^/?#]*)*", ".": r"(?:\.[^/?#.]*)*", ";": r"(?:;[^/?#;]*)*",
     "?": r"(?:\?[^#]*)?", "&": r"(?:&[^#]*)?",
 }
 
