@@ -118,6 +118,42 @@ print(json.dumps({"inside": call("e2e.echo"), "outside": call("e2e.slow"),
                   "grandchild_outside": int(grandchild.stdout.strip() or 0)}), flush=True)
 '''
 
+HANDOFF = '''
+import json
+import os
+import socket
+import sys
+import time
+
+out = sys.argv[2] + ".result"
+child = os.fork()
+if child == 0:  # A: connects, hands the connection to B, exits before B speaks
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(sys.argv[1])
+    if os.fork() == 0:  # B
+        time.sleep(0.5)
+        statuses = {}
+        for path in ("/tokens", "/capabilities/e2e.slow"):
+            sock.sendall(f"GET {path} HTTP/1.1\\r\\nHost: capd\\r\\n\\r\\n".encode())
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                head += sock.recv(1)
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\\r\\n")[0])
+            body = b""
+            while len(body) < length:
+                body += sock.recv(length - len(body))
+            statuses[path] = int(head.split(b" ", 2)[1])
+        with open(out, "w") as f:
+            json.dump(statuses, f)
+        os._exit(0)
+    os._exit(0)
+os.waitpid(child, 0)
+deadline = time.monotonic() + 20
+while not os.path.exists(out) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(open(out).read(), flush=True)
+'''
+
 FAILING = '''
 import sys
 
@@ -134,6 +170,7 @@ def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
     (short_tmp / "leaky.py").write_text(LEAKY)
     (short_tmp / "escaper.py").write_text(ESCAPER)
     (short_tmp / "dialler.py").write_text(DIALLER)
+    (short_tmp / "handoff.py").write_text(HANDOFF)
     pid_file = short_tmp / "sleeper.pid"
 
     def write(folder: Path, extra: str) -> Path:
@@ -170,6 +207,12 @@ engine = {json.dumps([PY, str(folder / "escaper.py"), str(folder / "escaper.pid"
 description = "An engine that dials the daemon's socket itself."
 capabilities = ["e2e.echo"]
 engine = {json.dumps([PY, str(folder / "dialler.py"), str(folder / "capd.sock")])}
+
+[agents.handoff]
+description = "An engine whose child connects, hands the connection on and exits."
+capabilities = ["e2e.echo"]
+engine = {json.dumps([PY, str(folder / "handoff.py"), str(folder / "capd.sock"),
+                      str(folder / "handoff")])}
 
 [agents.broken]
 description = "An engine that fails for good."
@@ -292,3 +335,14 @@ run_as = "{PEER}"
     failed = daemon.call("POST", "/reload")
     assert failed.status != 200
     assert "run_as 'nobody-xyz': no such user" in json.dumps(failed.body)
+
+
+def test_a_connection_handed_on_by_a_process_that_exited_is_nobodys(
+        up: Callable[..., DaemonProcess]) -> None:
+    """While a run is in flight, a connection whose connecting process has exited (a
+    descendant was handed it) is nobody's: an operator row is refused, a capability
+    outside the agent unknown."""
+    daemon = up()
+    ran = daemon.call("POST", "/call/agent.handoff", {"goal": "go"})
+    assert ran.status == 200, ran.body
+    assert ran.body["result"] == {"/tokens": 403, "/capabilities/e2e.slow": 404}

@@ -31,7 +31,7 @@ from .._errors import (
 )
 from .._table import COMMANDS, OperatorCommand
 from ._authority import GRANT_HEADER, GrantRefused, PeerRefused, peer_credentials
-from ._grant import Grant
+from ._grant import Grant, Profile
 from ._handlers import HANDLERS
 from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
@@ -206,6 +206,11 @@ _RATED = frozenset({"call", "search"})
 """The rows a caller's call rate is spent on (a batch spends one a call, below)."""
 
 
+NOBODY = Grant("agent", Profile("unknown-peer", ()), bound=True)
+"""The grant of a connection whose connecting process is gone while engine runs are in
+flight: no capability, no operator row."""
+
+
 class Api:
     """The socket API: one handler for every request, routed by the operator table."""
 
@@ -264,6 +269,10 @@ class Api:
         if found is not None and found[0] is peer:
             return found[1]
         grant = runs.grant_of(peer.pid)
+        if grant is None and not os.path.exists(f"/proc/{peer.pid}"):
+            # the process that connected has exited (it may have handed the connection to
+            # a descendant of a run): whose it is cannot be known, so it is nobody's
+            grant = NOBODY
         if len(self._run_grants) >= 4096:
             self._run_grants.clear()
         self._run_grants[id(peer)] = (peer, grant)

@@ -280,6 +280,16 @@ class Daemon:
                 run_as_ids(spec)
             except ValueError as exc:
                 raise ConfigError(f"[agents.{name}]: {exc}") from exc
+            if spec.engine is None:
+                continue
+            if spec.run_as is not None and os.geteuid() != 0:
+                log.warning("agent_run_as_ignored", agent=name, run_as=spec.run_as,
+                            hint="only a daemon running as root can run an engine as "
+                            "another user; the engine runs as the daemon's user")
+            elif spec.run_as is None and os.geteuid() == 0:
+                log.warning("agent_engine_as_root", agent=name,
+                            hint="the engine runs as root and can leave any tracking; set "
+                            "run_as = \"capd-agent\" (made by the units' sysusers.d)")
         try:
             return with_agents(registry, loaded.agents, self._agent_config, self.runs)
         except ValueError as exc:
