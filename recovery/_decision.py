@@ -12,7 +12,9 @@ three moments a job meets it:
   full jitter, or ``retry_after_s`` when that is longer.
 - **failed while down** (``failure="down"``: a transient failure while the job's
   capability is known down: its tool is what failed, not the write). It spends no
-  attempt and is looked at again after ``down_wait_s`` (the recheck cooldown).
+  attempt and is looked at again after ``down_wait_s`` (the recheck cooldown, 1 s at
+  least), and less often as the outage lasts: a twentieth of the job's age, up to
+  ``cap_s`` (a job down for an hour is tried every three minutes, its trail kept short).
 
 At every moment a permanent failure ends it (``needs_operator`` for policy
 ``manual``, else ``dead``), and so does having used ``max_attempts`` (failures
@@ -30,6 +32,9 @@ from typing import Literal
 from capd.registry import RetryPolicy
 
 Failure = Literal["transient", "permanent", "down"]
+
+DOWN_WAIT_FLOOR_S = 1.0
+"""The shortest wait of a job whose tool is down (a cooldown of 0 must not spin it)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,9 @@ class BackoffPolicy:
             return RetryDecision("pending", now)
         asked_s = retry_after_s or 0.0
         if failure == "down":  # its tool is down: no attempt spent, a look on the cooldown
-            return RetryDecision("pending", now + max(self.down_wait_s, asked_s))
+            age_s = now - created_at if created_at is not None else 0.0
+            wait_s = max(self.down_wait_s, DOWN_WAIT_FLOOR_S, min(self.cap_s, age_s / 20))
+            return RetryDecision("pending", now + max(wait_s, asked_s))
         if attempts == 0:
             if policy == "manual":
                 return RetryDecision("needs_operator", now, "policy manual")

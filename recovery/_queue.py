@@ -412,6 +412,7 @@ class RetryQueue:
         With ``only``, jobs of other capabilities are left where they are.
         """
         now = self._clock()
+        settled: list[int] = []  # the parameters' sizes of the jobs given up on
 
         def work(db: sqlite3.Connection) -> list[Job]:
             runnable: list[sqlite3.Row] = []
@@ -433,6 +434,8 @@ class RetryQueue:
                 db.execute("UPDATE jobs SET state = ?, updated_at = ?, last_error = ?"
                            " WHERE id = ?", (decision.state, now, error, row["id"]))
                 self._audit(db, row["id"], "dead", row["fence"], decision.state, error)
+                if decision.state not in OWED_STATES:
+                    settled.append(len(row["params"]))
             # The rows were read in this write transaction: each claimed job is its row
             # with the claim's changes, built here rather than read back.
             jobs: list[Job] = []
@@ -456,6 +459,8 @@ class RetryQueue:
             return jobs
 
         claimed: list[Job] = await self._transaction(work)
+        for size in settled:  # given up on: nothing more is owed for them
+            self._owe(size, -1)
         return claimed
 
     async def extend_lease(self, job: Job, lease_s: float) -> bool:

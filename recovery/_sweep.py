@@ -277,10 +277,11 @@ class RetrySweep:
                 self._count("replayed", job)
             return
         apply_passive_health(registry, cap, outcome)
-        # Known down (disabled before the call, or its tool found down by it): the
-        # failure is the tool's, not the write's, and spends no attempt.
+        # Known down (disabled before the call, or disabled now that the call found its
+        # tool down): the failure is the tool's, not the write's, and spends no attempt.
+        # A failure of a capability still live counts, whatever it was.
         down = outcome.kind == "transient" and (
-            disabled or bool(outcome.unavailable_tools) or outcome.network_failure)
+            disabled or registry.disabled_entry(cap.name) is not None)
         if outcome.kind == "blocked":
             await self._queue.park(job, reason=detail, error_class="blocked")
             self._count("parked", job)

@@ -230,3 +230,17 @@ def test_a_failure_while_down_spends_no_attempt_and_only_age_ends_it() -> None:
     ended = policy.decide("replay", now=200.0, first_sent_at=0.0, timeout_s=1.0,
                           attempts=1, created_at=50.0, failure="down")
     assert (ended.state, ended.reason) == ("dead", "too old")
+
+
+def test_a_long_outage_is_looked_at_less_often_and_never_in_a_spin() -> None:
+    """down: a cooldown of 0 still waits 1 s; a job down an hour waits 3 minutes; never
+    longer than cap_s."""
+    spin = BackoffPolicy(down_wait_s=0.0, cap_s=300.0)
+    assert spin.decide("replay", now=10.0, first_sent_at=0.0, timeout_s=1.0,
+                       created_at=10.0, failure="down").run_at == 11.0
+    hour = spin.decide("replay", now=3600.0, first_sent_at=0.0, timeout_s=1.0,
+                       created_at=0.0, failure="down")
+    assert hour.run_at == 3600.0 + 180.0
+    week = spin.decide("replay", now=86400.0, first_sent_at=0.0, timeout_s=1.0,
+                       created_at=0.0, failure="down")
+    assert week.run_at == 86400.0 + 300.0

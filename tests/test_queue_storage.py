@@ -509,3 +509,19 @@ async def test_what_finishing_the_acknowledged_jobs_needs_is_kept(tmp_path: Path
         assert again.owed_bytes == 2 * three // 3
     finally:
         await again.close()
+
+
+async def test_jobs_given_up_at_claim_owe_nothing_more(tmp_path: Path, clock: Clock) -> None:
+    """Jobs the claim sends to dead (too old) are no longer counted as owed."""
+    q = await RetryQueue.open(tmp_path / "q.db", clock=clock, boot_id="boot-a",
+                              backoff=BackoffPolicy(max_attempts=3, max_age_s=10),
+                              reserve_bytes=0)
+    try:
+        for i in range(5):
+            await q.enqueue(request(i))
+        assert q.owed_bytes > 0
+        clock.advance(60)
+        assert await q.claim_due(10) == []
+        assert q.owed_bytes == 0
+    finally:
+        await q.close()
