@@ -24,9 +24,9 @@ where they disagree beyond repair:
 
 ``file:`` URLs are read too (with an empty host for ``file:///...``): they name
 this host's own files, which the guard refuses whatever their host. A
-scheme-relative URL (``//127.0.0.1/admin``, ``//localhost:8080/``) is read as ``http:``
-would be (a client joins it to an ``http`` base; a host without a dot or port but
-``localhost`` is taken for a comment, ``//todo``), and a URL wrapped in another
+scheme-relative URL (``//127.0.0.1/admin``, ``//2130706433/``, ``//metadata/v1``) is
+read as ``http:`` would be (a client joins it to an ``http`` base; a lone word with
+nothing after it, ``//todo``, is taken for a comment), and a URL wrapped in another
 scheme (``jar:http://127.0.0.1/x!/``, ``view-source:https://...``) by the URL it
 wraps.
 Text that is not an absolute URL with a host (``mailto:x@y``, ``urn:...``,
@@ -127,12 +127,17 @@ def read_url(text: str) -> UrlHost | None:
 
 def _read_special(text: str, scheme: str, after: str) -> UrlHost | None:
     """``text``'s host, ``after`` being what follows its leading slashes; None when the
-    authority does not look like a host at all (``//comment`` in code is no URL: a host
-    here has a dot or a port, is bracketed, or is ``localhost``)."""
+    authority does not look like a host at all (``//todo`` in code is no URL: a host here
+    has a dot or a port, is bracketed, is a number in any form resolvers take, is
+    ``localhost``, or is followed by a path, as in ``//metadata/computeMetadata/v1``)."""
     authority = _authority(after)
     hostport = authority.rpartition("@")[2]
+    host = hostport.partition(":")[0].lower()
+    path_follows = after[len(authority):len(authority) + 1] in ("/", "?", "#") \
+        and len(after) > len(authority)
     if not hostport or not ("." in hostport or ":" in hostport or hostport.startswith("[")
-                            or hostport.lower() == "localhost"):
+                            or host == "localhost" or host.isdigit()
+                            or host.startswith("0x") or path_follows):
         return None
     if "\\" in authority or _CONTROLS.search(authority):
         raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "

@@ -138,6 +138,9 @@ def test_an_unbound_agents_keys_and_health_are_its_own(up: Callable[..., DaemonP
     ("//localhost:9/x", True),
     ("jar:http://127.0.0.1/x!/", True),
     ("view-source:http://169.254.169.254/latest/meta-data/", True),
+    ("//2130706433/admin", True),
+    ("//0x7f000001/", True),
+    ("//metadata/computeMetadata/v1/", True),
     ("// a comment, not a URL", False),
     ("//todo", False),
 ])
