@@ -181,6 +181,11 @@ class SearchIndex:
                             for start in range(0, len(vectors), _BLOCK_ROWS)]
         self.embedded = 0
 
+    def reach(self, keep: Callable[[Capability], bool]) -> tuple[int, ...]:
+        """The positions of the capabilities ``keep`` takes: the same set, the same key
+        (exact, so two reaches never share an index)."""
+        return tuple(i for i, cap in enumerate(self._caps) if keep(cap))
+
     def subset(self, keep: Callable[[Capability], bool]) -> SearchIndex:
         """The index of the capabilities ``keep`` takes, ranked as if no other existed:
         document frequencies, lengths and every normalisation are over them alone, so a

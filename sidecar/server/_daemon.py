@@ -190,8 +190,9 @@ class Daemon:
         # (a reload builds its registry's index before swapping it in).
         self._search_build: tuple[Registry, asyncio.Task[SearchIndex]] | None = None
         self._boosts: tuple[float, Mapping[str, float]] | None = None
-        # (index, profile, narrowing) -> the index of what that reach may see
-        self._visible_indexes: dict[tuple[int, Any, Any], tuple[SearchIndex, SearchIndex]] = {}
+        # (index, what a grant reaches) -> the index of that reach, least recently used first
+        self._visible_indexes: dict[tuple[int, tuple[int, ...]],
+                                    tuple[SearchIndex, SearchIndex]] = {}
 
     def _upstream_tools_changed(self, tool: str) -> None:
         """A server said its tools changed: one refresh of that server's capabilities
@@ -371,13 +372,19 @@ class Daemon:
         index = await self._full_search_index()
         if grant is None or not grant.restricted:
             return index
-        key = (id(index), grant.profile, grant.narrowing)
+        # by what the grant reaches (not by how the caller spelled it: a new label or
+        # order makes no new index), computed off the loop
+        reach = await asyncio.to_thread(index.reach, grant.allows)
+        key = (id(index), reach)
         found = self._visible_indexes.get(key)
         if found is None or found[0] is not index:
             subset = await asyncio.to_thread(index.subset, grant.allows)
-            if len(self._visible_indexes) >= 64:  # reaches come and go with reloads
-                self._visible_indexes.clear()
+            while len(self._visible_indexes) >= 64:  # the least recently used goes first
+                self._visible_indexes.pop(next(iter(self._visible_indexes)))
             found = self._visible_indexes[key] = (index, subset)
+        else:
+            self._visible_indexes.pop(key)
+            self._visible_indexes[key] = found  # now the most recently used
         return found[1]
 
     async def _full_search_index(self) -> SearchIndex:

@@ -64,7 +64,8 @@ class Run:
 
 def _find_cgroup_base() -> Path | None:
     """A folder where this process may make a cgroup per run (None: there is none):
-    under its own cgroup v2, else under its v1 ``pids`` cgroup."""
+    under its own cgroup v2, else under its v1 ``pids`` cgroup. Folders left by daemons
+    that are gone (a crash) are removed on the way."""
     try:
         own = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -80,6 +81,7 @@ def _find_cgroup_base() -> Path | None:
         elif "pids" in controllers.split(","):
             places.append(Path("/sys/fs/cgroup/pids") / relative)
     for base in places:
+        _remove_stale(base)
         folder = base / f"capd-runs-{os.getpid()}"
         try:
             folder.mkdir(exist_ok=True)
@@ -97,7 +99,17 @@ class EngineRuns:
 
     def __init__(self, *, use_cgroups: bool = True) -> None:
         self._runs: dict[str, Run] = {}
-        self.cgroups = _find_cgroup_base() if use_cgroups else None
+        self._use_cgroups = use_cgroups
+        self._cgroups: Path | None = None
+        self._looked = False  # for a cgroup folder: made with the first run, not before
+
+    @property
+    def cgroups(self) -> Path | None:
+        """The folder of this daemon's run cgroups (made at the first run; None: none)."""
+        if not self._looked:
+            self._looked = True
+            self._cgroups = _find_cgroup_base() if self._use_cgroups else None
+        return self._cgroups
 
     @property
     def active(self) -> bool:
@@ -153,7 +165,8 @@ class EngineRuns:
         killed = 0
         try:
             for _ in range(KILL_ROUNDS):
-                pids = set(self._members(run))
+                # a walk of /proc without a cgroup: off the loop
+                pids = await asyncio.to_thread(lambda: set(self._members(run)))
                 if not pids:
                     break
                 for pid in pids:
@@ -175,9 +188,9 @@ class EngineRuns:
 
     def close(self) -> None:
         """Remove the daemon's folder of run cgroups (each run removed its own)."""
-        if self.cgroups is not None:
+        if self._cgroups is not None:
             with contextlib.suppress(OSError):
-                self.cgroups.rmdir()
+                self._cgroups.rmdir()
 
     # -- membership ------------------------------------------------------------------
 
@@ -195,9 +208,9 @@ class EngineRuns:
                 yield pid
 
     def _run_of(self, pid: int) -> Run | None:
-        if self.cgroups is not None:
+        if self._cgroups is not None:
             run = self._run_by_cgroup(pid)
-            if run is not None or all(r.cgroup is not None for r in self._runs.values()):
+            if run is not None or all(r.cgroup is not None for r in list(self._runs.values())):
                 return run
         return self._run_by_marker(pid)
 
@@ -206,7 +219,7 @@ class EngineRuns:
             text = Path(f"/proc/{pid}/cgroup").read_text()
         except OSError:
             return None
-        for run in self._runs.values():
+        for run in list(self._runs.values()):
             if run.cgroup is not None and f"/run-{run.token[:16]}" in text:
                 return run
         return None
@@ -214,14 +227,15 @@ class EngineRuns:
     def _run_by_marker(self, pid: int) -> Run | None:
         """The run whose secret ``pid``'s environment carries, or whose engine is an
         ancestor of ``pid`` (up to 64 generations)."""
-        engines = {r.engine_pid: r for r in self._runs.values() if r.engine_pid}
+        runs = dict(self._runs)  # a copy: this may run in a thread while runs start
+        engines = {r.engine_pid: r for r in runs.values() if r.engine_pid}
         current = pid
         for _ in range(64):
             if current in engines:
                 return engines[current]
             token = _marker_of(current)
-            if token is not None and token in self._runs:
-                return self._runs[token]
+            if token is not None and token in runs:
+                return runs[token]
             parent = _parent_of(current)
             if parent is None or parent <= 1 or parent == os.getpid():
                 return None
@@ -273,3 +287,16 @@ def _parent_of(pid: int) -> int | None:
     # the command name may hold spaces and parentheses: the fields after the last ")"
     fields = stat.rpartition(")")[2].split()
     return int(fields[1]) if len(fields) > 1 else None
+
+
+def _remove_stale(base: Path) -> None:
+    """Remove the empty run-cgroup folders of capd daemons no longer running."""
+    with contextlib.suppress(OSError):
+        for folder in base.glob("capd-runs-*"):
+            pid = folder.name.removeprefix("capd-runs-")
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                for run in folder.glob("run-*"):
+                    with contextlib.suppress(OSError):
+                        run.rmdir()
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
