@@ -226,6 +226,8 @@ def test_half_sent_connections_never_keep_a_token_holder_out(
             conn.settimeout(10)
             try:
                 closed += conn.recv(1) == b""
+            except TimeoutError:  # still open: not closed
+                pass
             except OSError:  # reset: closed all the same
                 closed += 1
         assert closed == len(held)
@@ -279,3 +281,58 @@ def test_mcp_http_follows_a_reload(up: Callable[..., DaemonProcess], port: int) 
     config.write_text(text)
     assert capd(daemon, "reload").returncode == 0
     assert post(url, {"Authorization": f"Bearer {token}"})[0] == 200
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made by openssl for this test."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
+                   timeout=60)
+    return cert, key
+
+
+def test_tls_handshakes_are_timed_and_a_bad_certificate_fails_the_reload(
+        up: Callable[..., DaemonProcess], port: int, short_tmp: Path) -> None:
+    """With TLS, connections that never start a handshake are closed at head_timeout_s (a
+    handshake is bounded too); a token holder is served over TLS meanwhile; a reload that
+    names a certificate that cannot be read fails, and the door keeps serving."""
+    import ssl
+
+    cert, key = _self_signed(short_tmp)
+    daemon = up(f'tls_cert = "{cert}"\ntls_key = "{key}"\nhead_timeout_s = 1\n')
+    token = make_token(daemon, "--profile", "reader")
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(50)]
+    try:
+        context = ssl.create_default_context(cafile=str(cert))
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}).encode()
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{port}/mcp", data=body, method="POST", headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+                "Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+            assert answer.status == 200
+        closed = 0
+        for conn in silent:
+            try:
+                closed += conn.recv(1) == b""
+            except TimeoutError:  # still open after 10 s: not closed
+                pass
+            except OSError:  # reset: closed all the same
+                closed += 1
+        assert closed == len(silent)
+    finally:
+        for conn in silent:
+            conn.close()
+    config = Path(daemon.config)
+    config.write_text(config.read_text().replace(str(cert), str(short_tmp / "missing.pem")))
+    failed = capd(daemon, "reload")
+    assert failed.returncode == 1
+    assert "tls_cert" in failed.stderr, failed.stderr
+    status = json.loads(capd(daemon, "status", "--json").stdout)["mcp"]["http"]
+    assert status["serving"] is True
+    assert status["tls"] is True

@@ -51,6 +51,8 @@ class DoorConnections:
     limits: DoorLimits
     open: collections.OrderedDict[Any, str] = field(default_factory=collections.OrderedDict)
     per_peer: collections.Counter[str] = field(default_factory=collections.Counter)
+    # accepted, handshake under way (TLS): id -> when, the oldest first
+    pending: dict[int, float] = field(default_factory=dict)
     evicted: int = 0
     refused: int = 0
     timed_out: int = 0
@@ -67,6 +69,25 @@ class DoorConnections:
         self.open[conn] = peer
         self.per_peer[peer] += 1
         return True
+
+    def crowded(self) -> bool:
+        """Whether a connection just accepted would pass the cap with no idle one to make
+        room for it, counting the TLS handshakes under way (a handshake is bounded by
+        ``head_timeout_s``: one older than that has ended, one way or the other)."""
+        now = time.monotonic()
+        pending = self.pending
+        while pending and now - next(iter(pending.values())) > self.limits.head_timeout_s:
+            pending.pop(next(iter(pending)))
+        if len(self.open) + len(pending) < self.limits.max_connections:
+            return False
+        if any(not c.busy for c in self.open):
+            return False
+        self._refuse("?")
+        return True
+
+    def accepted(self, conn: Any) -> None:
+        """``conn`` was accepted; it counts as pending until its connection is made."""
+        self.pending[id(conn)] = time.monotonic()
 
     def touch(self, conn: Any) -> None:
         """``conn`` spoke: it is now the one silent shortest."""
@@ -119,6 +140,7 @@ def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
             return self.cycle is not None and not self.cycle.response_complete
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            connections.pending.pop(id(self), None)
             super().connection_made(transport)
             peer = self.client[0] if self.client else "?"
             if not connections.admit(self, peer):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -376,12 +377,12 @@ def bind(settings: McpHttpConfig) -> socket.socket:
     return sock
 
 
-async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
-                stop: asyncio.Event, max_connections: int | None = None) -> None:
-    """Serve ``door`` on ``sock`` until ``stop`` is set (uvicorn in this event loop,
-    without its signal handlers: the daemon keeps its own), held to the connection
-    caps and timeouts of ``settings`` (``_door_guard.py``); ``max_connections`` lowers
-    the cap to what the daemon's descriptors allow."""
+def door_config(door: FrontDoor, settings: McpHttpConfig,
+                max_connections: int | None = None) -> Any:
+    """The loaded uvicorn configuration of ``door`` under ``settings``: its TLS files read
+    now (raises :class:`OSError` or :class:`ssl.SSLError` naming what is wrong), its
+    connections held to the caps and timeouts of ``settings`` (``_door_guard.py``),
+    ``max_connections`` lowering the cap to what the daemon's descriptors allow."""
     import uvicorn
 
     from ._door_guard import DoorConnections, DoorLimits, guarded_h11
@@ -391,11 +392,6 @@ async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
         max_connections=cap, max_per_peer=min(cap, settings.max_connections_per_peer),
         head_timeout_s=settings.head_timeout_s, idle_timeout_s=settings.idle_timeout_s))
     door.connections = connections
-
-    class _Server(uvicorn.Server):
-        def capture_signals(self) -> Any:  # the daemon handles SIGTERM, SIGINT and SIGHUP
-            return contextlib.nullcontext()
-
     config = uvicorn.Config(
         door, lifespan="off", log_level="warning", access_log=False, loop="none",
         # h11 bounds a request's head (httptools took a 64 MiB header whole, per
@@ -403,19 +399,58 @@ async def serve(door: FrontDoor, sock: socket.socket, settings: McpHttpConfig,
         # limit_concurrency would answer 503 to token holders behind idle connections)
         http=guarded_h11(connections), h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
-        ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
-        timeout_graceful_shutdown=2)
-    server = _Server(config)
+        ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
+    config.load()  # reads the certificate and key: a bad one fails here, not later
+    return config
+
+
+SHUTDOWN_GRACE_S = 2.0
+"""How long answers being written get when a door stops."""
+
+
+async def serve(door: FrontDoor, config: Any, sock: socket.socket,
+                settings: McpHttpConfig, stop: asyncio.Event) -> None:
+    """Serve ``door`` (its loaded ``config``) on ``sock`` until ``stop`` is set, in this
+    event loop: uvicorn's h11 protocol behind a listener of the door's own, so that a TLS
+    handshake is bounded by ``head_timeout_s`` and handshakes under way count against
+    the connection cap (uvicorn's server would neither time nor count them)."""
+    from uvicorn.server import ServerState
+
+    state = ServerState()
+    loop = asyncio.get_running_loop()
+    connections = door.connections
+    protocol_class = config.http_protocol_class
+
+    def accept() -> asyncio.Protocol:
+        # called at accept, before any TLS handshake: the handshakes under way count
+        if connections is not None and connections.crowded():
+            raise ConnectionRefusedError("the front door is at its connection cap")
+        protocol: asyncio.Protocol = protocol_class(
+            config=config, server_state=state, app_state={}, _loop=loop)
+        if connections is not None and tls:
+            connections.accepted(protocol)
+        return protocol
+
+    tls = config.ssl is not None
     async with door.manager.run():
-        task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        log.info("mcp_http_listening", listen=settings.listen, path=settings.path,
-                 tls=settings.tls_cert is not None)
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
-        server.should_exit = True
-        stopper.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        server = await loop.create_server(
+            accept, sock=sock, ssl=config.ssl, backlog=512,
+            ssl_handshake_timeout=settings.head_timeout_s if tls else None)
+        log.info("mcp_http_listening", listen=settings.listen, path=settings.path, tls=tls)
+        try:
+            await stop.wait()
+        finally:
+            server.close()
+            for connection in list(state.connections):
+                connection.shutdown()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SHUTDOWN_GRACE_S):
+                    while state.tasks:
+                        await asyncio.wait(set(state.tasks))
+            for task in list(state.tasks):
+                task.cancel()
+            for connection in list(state.connections):
+                connection.transport.abort()
 
 
 class FrontDoors:
@@ -447,21 +482,29 @@ class FrontDoors:
             return
         old = self.settings
         sock = self._sock if settings is not None else None
-        if settings is not None and (old is None or settings.listen != old.listen):
-            sock = bind(settings)  # before anything stops: a failure changes nothing
+        door, config = None, None
+        if settings is not None:  # before anything stops: a failure changes nothing
+            door = self._make_door(settings)
+            try:
+                config = door_config(door, settings, self._max_connections)
+            except ssl.SSLError as exc:
+                raise OSError(exc.errno or 0, f"[mcp.http] tls_cert/tls_key: {exc}") from exc
+            except OSError as exc:
+                raise OSError(exc.errno, f"[mcp.http] tls_cert/tls_key: {exc.strerror} "
+                              f"({exc.filename})") from exc
+            if old is None or settings.listen != old.listen:
+                sock = bind(settings)
         await self._stop_serving()
         if self._sock is not None and self._sock is not sock:
             self._sock.close()
-        self.settings, self._sock, self.door = settings, sock, None
-        if settings is None or sock is None:
+        self.settings, self._sock, self.door = settings, sock, door
+        if settings is None or sock is None or door is None:
             if old is not None:
                 log.info("mcp_http_closed", listen=old.listen)
             return
-        self.door = door = self._make_door(settings)
         stop = asyncio.Event()
-        task = asyncio.create_task(
-            serve(door, sock.dup(), settings, stop, self._max_connections),
-            name="mcp-http")
+        task = asyncio.create_task(serve(door, config, sock.dup(), settings, stop),
+                                   name="mcp-http")
         task.add_done_callback(_log_door_failure)
         self._serving = (task, stop)
 
