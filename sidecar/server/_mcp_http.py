@@ -478,8 +478,9 @@ class FrontDoors:
     async def switch(self, settings: McpHttpConfig | None) -> None:
         """Serve ``settings`` (None: no front door) from now on. Raises :class:`OSError`
         naming the address when a new one cannot be bound; nothing changes then."""
-        if settings == self.settings and (settings is None or self._serving is not None):
-            return
+        serving = self._serving is not None and not self._serving[0].done()
+        if settings == self.settings and (settings is None or serving):
+            return  # unchanged and serving (a door whose server died is started again)
         old = self.settings
         sock = self._sock if settings is not None else None
         door, config = None, None
