@@ -180,7 +180,8 @@ class Daemon:
         self.reloader = Reloader(self._rebuild, self._swap, spawn=self.spawn,
                                  on_start=self.notifier.reloading, on_end=self._reloaded)
         self.inherited_socket = False
-        self._queue_stats: tuple[float, QueueStats] | None = None
+        self._queue_stats: tuple[float, QueueStats | str] | None = None  # str: the error
+        self._stats_refresh: asyncio.Task[None] | None = None
         self.sweep: RetrySweep | None = None
         self.http: HttpServer | None = None
         self.front_doors: FrontDoors | None = None  # made at start, switched at each reload
@@ -462,16 +463,32 @@ class Daemon:
             decisions=self.policy_decisions, recent=self.policy_recent)
 
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats:
-        """The queue's counts, read at most once per ``max_age_s``: health stays cheap under load.
+        """The queue's counts of its current jobs: read once, then refreshed in the
+        background once older than ``max_age_s`` (a health request never waits on a
+        count, however many jobs are kept).
 
-        Raises the queue's error when it cannot be read (health reports ``fail``).
+        Raises the queue's error when it could not be read (health reports ``fail``).
         """
+        if self._queue_stats is None:
+            await self._read_queue_stats()
+        else:
+            refreshing = self._stats_refresh
+            if time.monotonic() - self._queue_stats[0] > max_age_s and (
+                    refreshing is None or refreshing.done()):
+                self._stats_refresh = self.spawn(self._read_queue_stats())
+        assert self._queue_stats is not None
+        value = self._queue_stats[1]
+        if isinstance(value, str):  # a new exception each time: a kept one gathers frames
+            raise RecoveryError(value)
+        return value
+
+    async def _read_queue_stats(self) -> None:
         assert self.queue is not None
-        now = time.monotonic()
-        if self._queue_stats is None or now - self._queue_stats[0] > max_age_s:
-            # the current jobs only: an index read, however much history is kept
-            self._queue_stats = (now, await self.queue.stats(retained=False))
-        return self._queue_stats[1]
+        try:  # the current jobs only: an index read, however much history is kept
+            value: QueueStats | str = await self.queue.stats(retained=False)
+        except RecoveryError as exc:
+            value = str(exc)
+        self._queue_stats = (time.monotonic(), value)
 
     def _reloaded(self, outcome: object) -> None:
         # notify-reload protocol: READY=1 ends the reload, whether it worked or not.
