@@ -1,6 +1,6 @@
 """Crash bench: many real kill -9s of the daemon at every point of a job's life.
 
-The same harness as tests/test_crash.py with more kills (default 200). Prints
+The same harness as tests/recovery/test_crash.py with more kills (default 200). Prints
 the kills by point, acknowledged jobs, lost jobs (must be 0), duplicated
 side effects for verify_first (must be 0) and for replay (a kill may land amid
 several concurrent replays, each then done twice: printed per kill),
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.crashlib import CrashRun, summary
+from tests.helpers.crashlib import CrashRun, summary
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ from typing import Any
 
 import uvloop
 
-from tests.daemon import E2E_PACK
+from tests.helpers.daemon import E2E_PACK
 
 CAPS = textwrap.dedent('''
     [[capability]]

@@ -1,6 +1,6 @@
 """capd's PostgreSQL queue beside procrastinate and PostgreSQL's own floor, on one server.
 
-One PostgreSQL server is started for the run (tests/pg.py: initdb in a
+One PostgreSQL server is started for the run (tests/helpers/pg.py: initdb in a
 temporary folder, a Unix socket only, ``fsync=on``, ``synchronous_commit`` at
 its default, ``on``, read back through each system's own connection and
 printed). Each system gets its own fresh database on it:
@@ -88,7 +88,7 @@ from bench._harness import (
 from bench._queues import LINE
 from capd.recovery import EnqueueRequest, PgRetryQueue
 from capd.recovery._pg_queue import PG_MIGRATIONS
-from tests.pg import PostgresServer, postgres_server
+from tests.helpers.pg import PostgresServer, postgres_server
 
 PRODUCERS = (1, 8, 64)
 BATCHES = (8, 64)

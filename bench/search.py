@@ -54,8 +54,8 @@ from capd.registry._search import Fusion, _fields
 from capd.registry._terms import tokenize
 from capd.registry._thesaurus import build_expansions
 from capd.sidecar.client._mcp import META_TOOLS
-from tests.catalogue import BLIND_SET, QUERY_SETS, load_catalogue, load_queries
-from tests.search_sets import (
+from tests.helpers.catalogue import BLIND_SET, QUERY_SETS, load_catalogue, load_queries
+from tests.helpers.search_sets import (
     THIRD_PARTY_SETS,
     Figures,
     Ranker,

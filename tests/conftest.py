@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+import pwd
 import shutil
 import socket
+import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -13,56 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web as aioweb
 
-from .daemon import DaemonProcess, FlipServer, write_e2e_config
-from .pg import PostgresServer, postgres_server
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.daemon import DaemonProcess, FlipServer, Start, write_e2e_config
+from tests.helpers.peers import PEER
+from tests.helpers.pg import PostgresServer, postgres_server
+from tests.helpers.servers import EXAMPLES, HttpServer
 
 # The CLI prints JSON when its stdout is a pipe, as in every subprocess of these tests; the
 # tests that read its tables ask for them the way an operator's script would. The tests of
 # the piped default itself take the variable out.
 os.environ["CAPD_OUTPUT"] = "table"
-EXAMPLES = ROOT / "examples"
 
 
-class HttpServer:
-    """A real aiohttp server on 127.0.0.1 whose health can be flipped."""
-
-    def __init__(self) -> None:
-        self.healthy = True
-        self.port = 0
-        self.hits = 0
-        self._runner: aioweb.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def _health(self, _request: aioweb.Request) -> aioweb.Response:
-        self.hits += 1
-        return aioweb.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
-
-    async def _slow(self, _request: aioweb.Request) -> aioweb.Response:
-        await asyncio.sleep(5)
-        return aioweb.Response(text="late")
-
-    async def start(self) -> None:
-        app = aioweb.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/slow", self._slow)
-        self._runner = aioweb.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = aioweb.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @pytest.fixture
@@ -120,7 +83,6 @@ def example_copy(tmp_path: Path) -> Path:
     return target
 
 
-Start = Callable[..., DaemonProcess]
 
 
 @pytest.fixture
@@ -157,3 +119,21 @@ def postgres() -> Iterator[PostgresServer]:
 def pg_url(postgres: PostgresServer) -> str:
     """A new empty database on it, for one test."""
     return postgres.new_database()
+
+
+@pytest.fixture(scope="module")
+def peer_uid() -> Iterator[int]:
+    """A second uid, created here and removed afterwards (the tests run as root in CI)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a second user needs root")
+    try:
+        yield pwd.getpwnam(PEER).pw_uid  # there before us: not ours to remove
+        return
+    except KeyError:
+        pass
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                    "/usr/sbin/nologin", PEER], check=True, timeout=60)
+    try:
+        yield pwd.getpwnam(PEER).pw_uid
+    finally:
+        subprocess.run(["userdel", PEER], check=True, timeout=60)

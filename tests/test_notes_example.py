@@ -17,9 +17,8 @@ import pytest
 from pydantic import ValidationError
 
 from capd.registry import PermanentToolError, parameters_schema
-
-from .conftest import EXAMPLES
-from .daemon import DaemonProcess
+from tests.helpers.daemon import DaemonProcess
+from tests.helpers.servers import EXAMPLES
 
 # Every character str.splitlines() breaks a line on.
 LINE_BREAKS = ["\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
