@@ -43,10 +43,11 @@ def write(params: Line, *, url: str, target: str) -> str:
 '''
 
 
-@pytest.fixture
-def daemon(short_tmp: Path, web: FlipServer) -> Iterator[DaemonProcess]:
-    (short_tmp / "out_pack.py").write_text(PACK)
-    (short_tmp / "caps.toml").write_text(textwrap.dedent(f"""
+def write_config(folder: Path, web: FlipServer, **settings: object) -> Path:
+    """The out pack (a write through a real HTTP tool), its declaration and capd.toml, with
+    fast retries and rechecks; ``settings`` added to capd.toml."""
+    (folder / "out_pack.py").write_text(PACK)
+    (folder / "caps.toml").write_text(textwrap.dedent(f"""
         [[capability]]
         name = "out.write"
         op = "out.write"
@@ -56,27 +57,24 @@ def daemon(short_tmp: Path, web: FlipServer) -> Iterator[DaemonProcess]:
         retry_policy = "replay"
         [capability.options]
         url = "http://127.0.0.1:{web.port}/health"
-        target = "{short_tmp / 'out.txt'}"
+        target = "{folder / 'out.txt'}"
     """))
-    config = short_tmp / "capd.toml"
-    config.write_text(textwrap.dedent(f"""
-        plugins = ["out_pack"]
-        plugin_paths = ["."]
-        declarations = ["caps.toml"]
-        entry_points = false
-        state_dir = "state"
-        retry_base_s = 0.05
-        retry_cap_s = 0.1
-        retry_max_attempts = 3
-        recheck_cooldown_s = 0.2
-        recheck_interval_s = 0.2
-        probe_live_interval_s = 0.2
+    values = {"retry_base_s": 0.05, "retry_cap_s": 0.1, "retry_max_attempts": 3,
+              "recheck_cooldown_s": 0.2, "recheck_interval_s": 0.2,
+              "probe_live_interval_s": 0.2, **settings}
+    config = folder / "capd.toml"
+    config.write_text('plugins = ["out_pack"]\nplugin_paths = ["."]\n'
+                      'declarations = ["caps.toml"]\nentry_points = false\n'
+                      'state_dir = "state"\n'
+                      + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+                      + f'\n[tools.sync]\nkind = "http"\n'
+                      f'url = "http://127.0.0.1:{web.port}/health"\ntimeout_s = 1\n')
+    return config
 
-        [tools.sync]
-        kind = "http"
-        url = "http://127.0.0.1:{web.port}/health"
-        timeout_s = 1
-    """))
+
+@pytest.fixture
+def daemon(short_tmp: Path, web: FlipServer) -> Iterator[DaemonProcess]:
+    config = write_config(short_tmp, web)
     started = DaemonProcess(config, short_tmp / "capd.sock").start().wait_ready()
     yield started
     started.kill()
@@ -127,39 +125,10 @@ def test_a_write_queued_in_an_outage_waits_it_out_and_lands_once(
 
 
 def test_done_jobs_are_removed_after_the_retention(short_tmp: Path, web: FlipServer) -> None:
-    """queue_retention_s = 1: a done job is gone from the queue soon after, a dead one
-    stays; /health's queue check counts only the current jobs."""
-    (short_tmp / "out_pack.py").write_text(PACK)
-    (short_tmp / "caps.toml").write_text(textwrap.dedent(f"""
-        [[capability]]
-        name = "out.write"
-        op = "out.write"
-        summary = "Write a line through the sync server."
-        requires = ["sync"]
-        mutates_state = true
-        retry_policy = "replay"
-        [capability.options]
-        url = "http://127.0.0.1:{web.port}/health"
-        target = "{short_tmp / 'out.txt'}"
-    """))
-    config = short_tmp / "capd.toml"
-    config.write_text(textwrap.dedent(f"""
-        plugins = ["out_pack"]
-        plugin_paths = ["."]
-        declarations = ["caps.toml"]
-        entry_points = false
-        state_dir = "state"
-        retry_base_s = 0.05
-        recheck_cooldown_s = 0.2
-        recheck_interval_s = 0.2
-        probe_live_interval_s = 0.2
-        queue_retention_s = 1
-
-        [tools.sync]
-        kind = "http"
-        url = "http://127.0.0.1:{web.port}/health"
-        timeout_s = 1
-    """))
+    """queue_retention_s = 1: a done job is gone from the queue soon after (logged as
+    queue_expired); /health's queue check counts only the current jobs."""
+    config = write_config(short_tmp, web, retry_cap_s=300.0, retry_max_attempts=8,
+                          queue_retention_s=1)
     daemon = DaemonProcess(config, short_tmp / "capd.sock").start().wait_ready()
     try:
         web.healthy = False
