@@ -106,12 +106,13 @@ def test_every_row_declares_who_may_use_it() -> None:
             assert "agent" in row.roles, row.id
 
 
-def test_the_readme_policy_table_is_the_operator_table() -> None:
-    """The README's surface x role table is what role_table() renders from the rows."""
+def test_the_docs_policy_table_is_the_operator_table() -> None:
+    """The documentation's surface x role table (docs/policy.md) is what role_table()
+    renders from the rows."""
 
     from capd.sidecar._table import role_table
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "policy.md").read_text()
     start = readme.index("<!-- role-table:start -->\n") + len("<!-- role-table:start -->\n")
     end = readme.index("\n<!-- role-table:end -->")
     assert readme[start:end] == role_table()
