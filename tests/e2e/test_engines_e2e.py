@@ -143,8 +143,9 @@ if child == 0:  # A: connects, hands the connection to B, exits before B speaks
             while len(body) < length:
                 body += sock.recv(length - len(body))
             statuses[path] = int(head.split(b" ", 2)[1])
-        with open(out, "w") as f:
+        with open(out + ".tmp", "w") as f:  # whole, then in place: never read half-written
             json.dump(statuses, f)
+        os.rename(out + ".tmp", out)
         os._exit(0)
     os._exit(0)
 os.waitpid(child, 0)
@@ -344,5 +345,5 @@ def test_a_connection_handed_on_by_a_process_that_exited_is_nobodys(
     outside the agent unknown."""
     daemon = up()
     ran = daemon.call("POST", "/call/agent.handoff", {"goal": "go"})
-    assert ran.status == 200, ran.body
+    assert ran.status == 200, ran.body.get("message")
     assert ran.body["result"] == {"/tokens": 403, "/capabilities/e2e.slow": 404}

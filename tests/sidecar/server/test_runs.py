@@ -32,7 +32,10 @@ async def test_without_cgroups_a_run_is_found_by_its_marker_and_killed_whole() -
                                                               **runs.environment(run)})
     stranger = subprocess.Popen(["sleep", "60"])
     try:
-        await asyncio.sleep(0.2)
+        for _ in range(200):  # until setsid has exec'd sleep with the marker (10 s at most)
+            if runs.grant_of(marked.pid) is GRANT:
+                break
+            await asyncio.sleep(0.05)
         assert runs.grant_of(marked.pid) is GRANT
         assert runs.grant_of(stranger.pid) is None
         assert runs.active
@@ -56,8 +59,12 @@ async def test_a_descendant_of_the_engine_belongs_to_its_run() -> None:
                                "import subprocess; subprocess.run(['env', '-i', 'sleep', '60'])"])
     try:
         runs.attach(run, engine.pid)
-        await asyncio.sleep(0.3)
-        children = Path(f"/proc/{engine.pid}/task/{engine.pid}/children").read_text().split()
+        children: list[str] = []
+        for _ in range(200):  # the engine's interpreter starts its child (bounded: 10 s)
+            children = Path(f"/proc/{engine.pid}/task/{engine.pid}/children").read_text().split()
+            if children:
+                break
+            await asyncio.sleep(0.05)
         assert children
         assert runs.grant_of(int(children[0])) is GRANT
     finally:
