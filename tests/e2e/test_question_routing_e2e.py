@@ -155,10 +155,10 @@ def test_over_stdio_a_question_during_another_callers_call_goes_to_no_one(
     marks = short_tmp / "marks.log"
     daemon = up(stdio_tool(short_tmp, "asker", SERVER, str(marks)))
     root, _ = in_thread(lambda: daemon.call("POST", "/call/asker.later", {
-        "text": "root's secret", "run_s": 1.0, "ask_after_s": 1.5}))
-    time.sleep(0.3)  # the agent's call starts while root's is in flight
+        "text": "root's secret", "run_s": 3.0, "ask_after_s": 3.5}))
+    time.sleep(0.5)  # the agent's call starts while root's is in flight (for 2.5 s more)
     agent, seen = in_thread(lambda: answering_call(daemon, "asker.question", {
-        "text": "agent's own", "wait_s": 4.0}, "agent answer"))
+        "text": "agent's own", "wait_s": 5.0}, "agent answer"))
     root.join(30)
     log = wait_for(marks, "root's secret")
     assert "refused root's secret" in log
