@@ -24,7 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import socket
+import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,8 +55,7 @@ class DoorConnections:
     limits: DoorLimits
     open: collections.OrderedDict[Any, str] = field(default_factory=collections.OrderedDict)
     per_peer: collections.Counter[str] = field(default_factory=collections.Counter)
-    # accepted, handshake under way (TLS): id -> when, the oldest first
-    pending: dict[int, float] = field(default_factory=dict)
+    closed: bool = False  # the door stopped: a connection finishing its handshake is dropped
     evicted: int = 0
     refused: int = 0
     timed_out: int = 0
@@ -69,25 +72,6 @@ class DoorConnections:
         self.open[conn] = peer
         self.per_peer[peer] += 1
         return True
-
-    def crowded(self) -> bool:
-        """Whether a connection just accepted would pass the cap with no idle one to make
-        room for it, counting the TLS handshakes under way (a handshake is bounded by
-        ``head_timeout_s``: one older than that has ended, one way or the other)."""
-        now = time.monotonic()
-        pending = self.pending
-        while pending and now - next(iter(pending.values())) > self.limits.head_timeout_s:
-            pending.pop(next(iter(pending)))
-        if len(self.open) + len(pending) < self.limits.max_connections:
-            return False
-        if any(not c.busy for c in self.open):
-            return False
-        self._refuse("?")
-        return True
-
-    def accepted(self, conn: Any) -> None:
-        """``conn`` was accepted; it counts as pending until its connection is made."""
-        self.pending[id(conn)] = time.monotonic()
 
     def touch(self, conn: Any) -> None:
         """``conn`` spoke: it is now the one silent shortest."""
@@ -140,8 +124,10 @@ def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
             return self.cycle is not None and not self.cycle.response_complete
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            connections.pending.pop(id(self), None)
             super().connection_made(transport)
+            if connections.closed:  # its door stopped during its handshake
+                transport.abort()
+                return
             peer = self.client[0] if self.client else "?"
             if not connections.admit(self, peer):
                 transport.abort()
@@ -187,3 +173,58 @@ def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
             self.transport.abort()
 
     return GuardedH11
+
+
+class PendingTls:
+    """An accepted connection in its TLS handshake, as the open set counts it: nothing in
+    progress (evictable), closed by shutting its socket down."""
+
+    busy = False
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+
+    def close_quietly(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.shutdown(socket.SHUT_RDWR)
+
+
+async def accept_tls(listener: socket.socket, connections: DoorConnections,
+                     ssl_context: ssl.SSLContext, make_http: Callable[[], asyncio.Protocol],
+                     handshakes: set[asyncio.Task[None]]) -> None:
+    """Accept on ``listener`` until cancelled: each connection is counted at once (evicting
+    an idle one at a cap, or refused when all are busy), like any other, and only then
+    does its TLS handshake run, bounded by ``head_timeout_s``; after it, the connection is
+    the h11 protocol ``make_http`` makes. (A protocol factory that refused by raising
+    would stop uvloop's listener; a handshake run by the server would be neither counted
+    nor evictable.)"""
+    loop = asyncio.get_running_loop()
+    timeout_s = connections.limits.head_timeout_s
+
+    async def handshake(pending: PendingTls) -> None:
+        try:
+            await loop.connect_accepted_socket(make_http, sock=pending.conn, ssl=ssl_context,
+                                               ssl_handshake_timeout=timeout_s)
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            log.debug("mcp_http_handshake_failed", error=repr(exc))
+            connections.timed_out += 1
+            with contextlib.suppress(OSError):
+                pending.conn.close()
+        finally:
+            connections.forget(pending)
+
+    while True:
+        try:
+            conn, address = await loop.sock_accept(listener)
+        except OSError as exc:  # out of descriptors for a moment: the cap frees some
+            log.warning("mcp_http_accept_failed", error=str(exc))
+            await asyncio.sleep(0.1)
+            continue
+        pending = PendingTls(conn)
+        peer = str(address[0]) if isinstance(address, tuple) else "?"
+        if connections.closed or not connections.admit(pending, peer):
+            conn.close()
+            continue
+        task = loop.create_task(handshake(pending))
+        handshakes.add(task)
+        task.add_done_callback(handshakes.discard)

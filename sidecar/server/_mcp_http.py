@@ -31,6 +31,7 @@ import socket
 import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlencode
 
@@ -416,31 +417,49 @@ async def serve(door: FrontDoor, config: Any, sock: socket.socket,
     the connection cap (uvicorn's server would neither time nor count them)."""
     from uvicorn.server import ServerState
 
+    from ._door_guard import PendingTls, accept_tls
+
     state = ServerState()
     loop = asyncio.get_running_loop()
     connections = door.connections
+    assert connections is not None
     protocol_class = config.http_protocol_class
 
-    def accept() -> asyncio.Protocol:
-        # called at accept, before any TLS handshake: the handshakes under way count
-        if connections is not None and connections.crowded():
-            raise ConnectionRefusedError("the front door is at its connection cap")
+    def make_http() -> asyncio.Protocol:
         protocol: asyncio.Protocol = protocol_class(
             config=config, server_state=state, app_state={}, _loop=loop)
-        if connections is not None and tls:
-            connections.accepted(protocol)
         return protocol
 
+    async def keep_date() -> None:  # what uvicorn's server loop did: Date on every answer
+        while True:
+            date = formatdate(usegmt=True).encode()
+            state.default_headers = [(b"date", date), *config.encoded_headers]
+            await asyncio.sleep(1.0)
+
     tls = config.ssl is not None
+    handshakes: set[asyncio.Task[None]] = set()
     async with door.manager.run():
-        server = await loop.create_server(
-            accept, sock=sock, ssl=config.ssl, backlog=512,
-            ssl_handshake_timeout=settings.head_timeout_s if tls else None)
+        # With TLS, connections are accepted here, counted first and their handshakes run
+        # after (accept_tls); without, the h11 protocol counts itself when it is made.
+        server = None if tls else await loop.create_server(make_http, sock=sock, backlog=512)
+        acceptor = (asyncio.create_task(accept_tls(sock, connections, config.ssl, make_http,
+                                                   handshakes)) if tls else None)
+        dating = asyncio.create_task(keep_date())
         log.info("mcp_http_listening", listen=settings.listen, path=settings.path, tls=tls)
         try:
             await stop.wait()
         finally:
-            server.close()
+            dating.cancel()
+            connections.closed = True  # a handshake finishing now is dropped
+            if acceptor is not None:
+                acceptor.cancel()
+                sock.close()
+            for pending in [c for c in connections.open if isinstance(c, PendingTls)]:
+                pending.close_quietly()
+            for task in list(handshakes):
+                task.cancel()
+            if server is not None:
+                server.close()
             for connection in list(state.connections):
                 connection.shutdown()
             with contextlib.suppress(TimeoutError):

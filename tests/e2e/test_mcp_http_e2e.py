@@ -301,8 +301,11 @@ def test_tls_handshakes_are_timed_and_a_bad_certificate_fails_the_reload(
     import ssl
 
     cert, key = _self_signed(short_tmp)
-    daemon = up(f'tls_cert = "{cert}"\ntls_key = "{key}"\nhead_timeout_s = 1\n')
+    daemon = up(f'tls_cert = "{cert}"\ntls_key = "{key}"\nhead_timeout_s = 1\n'
+                "max_connections = 16\n")
     token = make_token(daemon, "--profile", "reader")
+    # more silent connections than the cap: handshakes are counted and evicted like any
+    # connection, and the listener keeps accepting (a refusal must never stop it)
     silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(50)]
     try:
         context = ssl.create_default_context(cafile=str(cert))
@@ -328,6 +331,11 @@ def test_tls_handshakes_are_timed_and_a_bad_certificate_fails_the_reload(
     finally:
         for conn in silent:
             conn.close()
+    for conn in silent:
+        conn.close()
+    with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+        assert answer.status == 200  # still accepting after them
+        assert answer.headers["Date"]  # as a server with a clock must say
     config = Path(daemon.config)
     config.write_text(config.read_text().replace(str(cert), str(short_tmp / "missing.pem")))
     failed = capd(daemon, "reload")
