@@ -131,6 +131,9 @@ def _read_special(text: str, scheme: str, after: str) -> UrlHost | None:
     has a dot or a port, is bracketed, is a number in any form resolvers take, is
     ``localhost``, or is followed by a path, as in ``//metadata/computeMetadata/v1``)."""
     authority = _authority(after)
+    if "\\" in authority or _CONTROLS.search(authority):  # //127.0.0.1\admin is a host
+        raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "
+                            "part, which URL parsers read differently")
     hostport = authority.rpartition("@")[2]
     host = hostport.partition(":")[0].lower()
     path_follows = after[len(authority):len(authority) + 1] in ("/", "?", "#") \
@@ -139,9 +142,6 @@ def _read_special(text: str, scheme: str, after: str) -> UrlHost | None:
                             or host == "localhost" or host.isdigit()
                             or host.startswith("0x") or path_follows):
         return None
-    if "\\" in authority or _CONTROLS.search(authority):
-        raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "
-                            "part, which URL parsers read differently")
     return _read_authority(text, scheme, authority)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import gc
+import math
 import os
 import resource
 import signal
@@ -92,6 +93,10 @@ State = Literal["starting", "ready", "draining", "stopped"]
 
 FD_RESERVE = 256
 """Descriptors kept out of the connection cap (queue, probes, subprocesses, logs)."""
+STATS_TIMEOUT_S = 5.0
+"""How long a read of the queue's counts may take before health reports the queue failing."""
+STATS_STALE_S = 5.0
+"""How old the last counts may be and still be answered while a new read runs."""
 EXPIRE_EVERY_S = 60.0
 """How often finished jobs past ``queue_retention_s`` are looked for."""
 DOOR_ACCEPT_SLACK = 512
@@ -469,13 +474,15 @@ class Daemon:
 
         Raises the queue's error when it could not be read (health reports ``fail``).
         """
-        if self._queue_stats is None:
-            await self._read_queue_stats()
-        else:
+        age_s = (time.monotonic() - self._queue_stats[0] if self._queue_stats is not None
+                 else math.inf)
+        if age_s > max_age_s:
             refreshing = self._stats_refresh
-            if time.monotonic() - self._queue_stats[0] > max_age_s and (
-                    refreshing is None or refreshing.done()):
-                self._stats_refresh = self.spawn(self._read_queue_stats())
+            if refreshing is None or refreshing.done():
+                refreshing = self._stats_refresh = self.spawn(self._read_queue_stats())
+            if age_s > STATS_STALE_S:  # none recent (idle, or a read that hangs): wait for
+                # this one, bounded (it times out itself): health never says pass on old counts
+                await asyncio.shield(refreshing)
         assert self._queue_stats is not None
         value = self._queue_stats[1]
         if isinstance(value, str):  # a new exception each time: a kept one gathers frames
@@ -485,9 +492,12 @@ class Daemon:
     async def _read_queue_stats(self) -> None:
         assert self.queue is not None
         try:  # the current jobs only: an index read, however much history is kept
-            value: QueueStats | str = await self.queue.stats(retained=False)
+            async with asyncio.timeout(STATS_TIMEOUT_S):
+                value: QueueStats | str = await self.queue.stats(retained=False)
         except RecoveryError as exc:
             value = str(exc)
+        except TimeoutError:
+            value = f"the queue did not answer its counts within {STATS_TIMEOUT_S:g}s"
         self._queue_stats = (time.monotonic(), value)
 
     def _reloaded(self, outcome: object) -> None:

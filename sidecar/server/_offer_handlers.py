@@ -121,25 +121,40 @@ MAX_URI_CHARS = 1024
 """The longest resource uri read (matching one against templates costs with its length)."""
 
 _EXPRESSION = re.compile(r"\{([+#./;?&]?)([^}]*)\}")
-_VALUE = {  # what each RFC 6570 operator's expansion may hold
-    "": r"[^/?#]*",  # simple: reserved characters are percent-encoded, so one segment
-    "+": r".*", "#": r"(?:#.*)?",
-    # each repeated piece excludes its own separator: one way to split, no backtracking blow-up
-    "/": r"(?:/[^/?#]*)*", ".": r"(?:\.[^/?#.]*)*", ";": r"(?:;[^/?#;]*)*",
-    "?": r"(?:\?[^#]*)?", "&": r"(?:&[^#]*)?",
+_VALUE = {  # what each RFC 6570 operator's expansion may hold; {X}: the characters it
+    # must stop at (the first of the literal text after it), so that there is one way to
+    # split a uri: matching is linear, never a backtracking blow-up
+    "": "[^/?#{X}]*",  # simple: reserved characters are percent-encoded, so one segment
+    "+": "[^{X}]*", "#": "(?:#[^{X}]*)?",
+    "/": "(?:/[^/?#{X}]*)*", ".": "(?:\\.[^/?#.{X}]*)*", ";": "(?:;[^/?#;{X}]*)*",
+    "?": "(?:\\?[^#{X}]*)?", "&": "(?:&[^#{X}]*)?",
 }
 
 
 @functools.lru_cache(maxsize=1024)
 def _template_pattern(template: str) -> re.Pattern[str]:
-    """The regular expression of the uris ``template`` makes (RFC 6570, levels 1-4)."""
-    parts: list[str] = []
+    """The regular expression of the uris ``template`` makes (RFC 6570, levels 1-4).
+
+    Each expression stops at the first character of the literal text that follows it and
+    is atomic (it never gives back what it took): one way to split, linear time. A value
+    holding that character (``{a}-{b}`` with ``a`` = ``x-y``) is then not matched, and a
+    uri no template makes is hidden from a restricted caller: this fails closed.
+    """
+    pieces: list[str] = []  # literal, operator, literal, operator, ..., literal
     end = 0
     for expression in _EXPRESSION.finditer(template):
-        parts.append(re.escape(template[end:expression.start()]))
-        parts.append(_VALUE[expression.group(1)])
+        pieces += [template[end:expression.start()], expression.group(1)]
         end = expression.end()
-    parts.append(re.escape(template[end:]))
+    pieces.append(template[end:])
+    parts: list[str] = []
+    for index, piece in enumerate(pieces):
+        if index % 2 == 0:
+            parts.append(re.escape(piece))
+            continue
+        after = pieces[index + 1]
+        stop = re.escape(after[0]) if after else ""
+        value = _VALUE[piece] if stop else _VALUE[piece].replace("[^{X}]", ".")
+        parts.append("(?>" + value.replace("{X}", stop) + ")")
     return re.compile("".join(parts), re.DOTALL)
 
 

@@ -141,6 +141,7 @@ def test_an_unbound_agents_keys_and_health_are_its_own(up: Callable[..., DaemonP
     ("//2130706433/admin", True),
     ("//0x7f000001/", True),
     ("//metadata/computeMetadata/v1/", True),
+    ("//2130706433\\admin", True),
     ("// a comment, not a URL", False),
     ("//todo", False),
 ])

@@ -18,6 +18,10 @@ from capd.sidecar.server._offer_handlers import _specificity, _template_pattern
     ("memo://search{?q}", "memo://searchers", False),
     ("memo://n.{x}", "memo://nax", False),  # literal text is literal, not a regex
     ("memo://static", "memo://static", True),
+    ("x://{a}-{b}-{c}", "x://2024-01-05", True),
+    ("x://{a}-{b}", "x://x-y-z", True),  # the last value may hold the separator
+    ("x://{a}-end", "x://x-y-end", False),  # a middle one may not: fails closed (hidden)
+    ("x://{/a}{/b}{/c}", "x://" + "/a" * 505, True),  # adjacent repeats: one way to split
 ])
 def test_a_template_makes_the_uris_its_expressions_allow(template: str, uri: str,
                                                           matches: bool) -> None:
