@@ -190,6 +190,7 @@ class Daemon:
         self.sweep: RetrySweep | None = None
         self.http: HttpServer | None = None
         self.front_doors: FrontDoors | None = None  # made at start, switched at each reload
+        self._drained = asyncio.Event()  # in-flight calls done (or the grace spent)
         # agents' engine runs: each held to its agent's grant, all its processes killed
         self.runs = EngineRuns()
         # The start-up registry's search index, built in a thread once the daemon serves
@@ -664,7 +665,8 @@ class Daemon:
                 tg.create_task(self._expire_finished_jobs(queue, config.queue_retention_s))
                 sweep_task = tg.create_task(self.sweep.run(self._stop))
                 assert self.front_doors is not None
-                tg.create_task(self.front_doors.run(self._stop))
+                # the front door stays up while calls drain: it stops with the socket
+                tg.create_task(self.front_doors.run(self._drained))
                 if self.notifier.enabled:
                     tg.create_task(self._report_status())
                     watchdog = watchdog_interval_s()
@@ -754,7 +756,9 @@ class Daemon:
                 await self.gateway.wait_idle()
         except TimeoutError:
             log.warning("drain_timeout", in_flight=self.gateway.in_flight)
-        # 3. Close the listener and connections (responses being written get a moment).
+        # 3. Close the listeners and connections (responses being written get a moment):
+        #    the socket's, and the HTTP front door's (FrontDoors.run waits for this).
+        self._drained.set()
         await server.close(grace_s=2.0)
         # 4. The sweep finishes the job it is on within the grace period, or is
         #    cancelled: that job's lease then expires at the next start, as after a crash.

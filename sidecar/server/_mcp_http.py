@@ -460,16 +460,30 @@ async def serve(door: FrontDoor, config: Any, sock: socket.socket,
                 task.cancel()
             if server is not None:
                 server.close()
-            for connection in list(state.connections):
-                connection.shutdown()
+            # requests being answered (a call's POST) finish before the sessions end
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(SHUTDOWN_GRACE_S):
-                    while state.tasks:
-                        await asyncio.wait(set(state.tasks))
-            for task in list(state.tasks):
-                task.cancel()
-            for connection in list(state.connections):
-                connection.transport.abort()
+                    while _answering(state.connections):  # noqa: ASYNC110 (no event to wait on)
+                        await asyncio.sleep(0.05)
+    # The session manager has ended its sessions (their streams end as answers do);
+    # connections finish what they are writing, then close.
+    for connection in list(state.connections):
+        connection.shutdown()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(SHUTDOWN_GRACE_S):
+            while state.tasks:
+                await asyncio.wait(set(state.tasks))
+    for task in list(state.tasks):
+        task.cancel()
+    for connection in list(state.connections):
+        connection.transport.abort()
+
+
+def _answering(connections: Any) -> bool:
+    """Whether a request other than a stream (a POST: a call, a listing) is being answered."""
+    return any(c.cycle is not None and not c.cycle.response_complete
+               and c.scope is not None and c.scope.get("method") == "POST"
+               for c in list(connections))
 
 
 class FrontDoors:

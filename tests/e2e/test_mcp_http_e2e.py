@@ -344,3 +344,4 @@ def test_tls_handshakes_are_timed_and_a_bad_certificate_fails_the_reload(
     status = json.loads(capd(daemon, "status", "--json").stdout)["mcp"]["http"]
     assert status["serving"] is True
     assert status["tls"] is True
+
