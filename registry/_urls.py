@@ -93,7 +93,7 @@ def read_url(text: str) -> UrlHost | None:
     """
     cleaned = text.strip(_EDGES).translate(_TABS_AND_NEWLINES)
     if cleaned[:2] in ("//", "\\\\", "/\\", "\\/") and cleaned[2:3] not in ("/", "\\", ""):
-        return _read_special(text, "http", cleaned[2:])  # scheme-relative: an http base's
+        return _read_scheme_relative(text, cleaned[2:])
     if ":" not in text:  # the common case, a long text without a URL, costs one scan
         return None
     found = _SCHEME.match(cleaned)
@@ -116,33 +116,37 @@ def read_url(text: str) -> UrlHost | None:
     else:  # a URL wrapped in another scheme (jar:http://..., view-source:https://...)
         inner = _SCHEME.match(rest)
         return read_url(rest) if inner is not None else None
-    authority = _authority(after)
+    authority = _host_part(text, after)
     if not authority and scheme not in SPECIAL_SCHEMES:
         return None  # gopher:///x has no host
-    if "\\" in authority or _CONTROLS.search(authority):
-        raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "
-                            "part, which URL parsers read differently")
     return _read_authority(text, scheme, authority)
 
 
-def _read_special(text: str, scheme: str, after: str) -> UrlHost | None:
-    """``text``'s host, ``after`` being what follows its leading slashes; None when the
-    authority does not look like a host at all (``//todo`` in code is no URL: a host here
-    has a dot or a port, is bracketed, is a number in any form resolvers take, is
-    ``localhost``, or is followed by a path, as in ``//metadata/computeMetadata/v1``)."""
-    authority = _authority(after)
-    if "\\" in authority or _CONTROLS.search(authority):  # //127.0.0.1\admin is a host
-        raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "
-                            "part, which URL parsers read differently")
+def _read_scheme_relative(text: str, after: str) -> UrlHost | None:
+    """``text``'s host as an ``http`` base would read it (a client joins ``//host/...`` to
+    its base), ``after`` being what follows the leading slashes; None when the authority
+    does not look like a host at all (``//todo`` in code is no URL: a host here has a dot
+    or a port, is bracketed, is a number in any form resolvers take, is ``localhost``, or
+    is followed by a path, as in ``//metadata/computeMetadata/v1``)."""
+    authority = _host_part(text, after)  # //127.0.0.1\admin is refused, not a comment
     hostport = authority.rpartition("@")[2]
     host = hostport.partition(":")[0].lower()
-    path_follows = after[len(authority):len(authority) + 1] in ("/", "?", "#") \
-        and len(after) > len(authority)
+    path_follows = after[len(authority):len(authority) + 1] in ("/", "?", "#")
     if not hostport or not ("." in hostport or ":" in hostport or hostport.startswith("[")
                             or host == "localhost" or host.isdigit()
                             or host.startswith("0x") or path_follows):
         return None
-    return _read_authority(text, scheme, authority)
+    return _read_authority(text, "http", authority)
+
+
+def _host_part(text: str, after_slashes: str) -> str:
+    """The authority of ``text`` (``after_slashes`` follows its ``//``); raise
+    :class:`UnreadableUrl` when it holds a backslash or a control character."""
+    authority = _authority(after_slashes)
+    if "\\" in authority or _CONTROLS.search(authority):
+        raise UnreadableUrl(f"{text!r} has a backslash or a control character in its host "
+                            "part, which URL parsers read differently")
+    return authority
 
 
 def _authority(after_slashes: str) -> str:
