@@ -186,13 +186,14 @@ class SearchIndex:
         (exact, so two reaches never share an index)."""
         return tuple(i for i, cap in enumerate(self._caps) if keep(cap))
 
-    def subset(self, keep: Callable[[Capability], bool]) -> SearchIndex:
-        """The index of the capabilities ``keep`` takes, ranked as if no other existed:
-        document frequencies, lengths and every normalisation are over them alone, so a
-        restricted caller's scores never move with what it cannot see. The capsule
-        vectors are shared (sliced), never embedded again. Blocking: call it off the loop.
+    def subset(self, reach: Sequence[int]) -> SearchIndex:
+        """The index of the capabilities at positions ``reach`` (what :meth:`reach`
+        answers), ranked as if no other existed: document frequencies, lengths and every
+        normalisation are over them alone, so a restricted caller's scores never move
+        with what it cannot see. The capsule vectors are shared (sliced), never embedded
+        again. Blocking: call it off the loop.
         """
-        chosen = [i for i, cap in enumerate(self._caps) if keep(cap)]
+        chosen = list(reach)
         index = object.__new__(SearchIndex)
         vectors = None
         if self._vectors is not None and chosen:

@@ -385,7 +385,7 @@ class Daemon:
         key = (id(index), reach)
         found = self._visible_indexes.get(key)
         if found is None or found[0] is not index:
-            subset = await asyncio.to_thread(index.subset, grant.allows)
+            subset = await asyncio.to_thread(index.subset, reach)
             while len(self._visible_indexes) >= 64:  # the least recently used goes first
                 self._visible_indexes.pop(next(iter(self._visible_indexes)))
             found = self._visible_indexes[key] = (index, subset)
