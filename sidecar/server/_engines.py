@@ -191,15 +191,14 @@ async def run_engine(argv: tuple[str, ...], request: dict[str, Any], config: dic
             try:
                 return await _talk(proc, request, agent)
             finally:
-                # answered, failed or cancelled (its timeout): nothing it started stays
-                # running, whatever session or group it moved to
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                await asyncio.shield(runs.finish(run))
                 if proc.returncode is None:
                     with contextlib.suppress(BaseException):
                         await asyncio.shield(proc.wait())
-    finally:  # whatever failed before the engine started: the run is forgotten (idempotent)
+    finally:
+        # answered, failed, cancelled (its timeout) or never started: nothing of the run
+        # stays running, whatever session or group it moved to, and the run is forgotten
         await asyncio.shield(runs.finish(run))
 
 
