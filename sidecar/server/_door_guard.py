@@ -29,11 +29,13 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ._http_limits import OpenSet
 
 log = structlog.get_logger("capd.mcp_http")
 
@@ -45,70 +47,41 @@ class DoorLimits:
     max_connections: int = 1024
     max_per_peer: int = 512
     head_timeout_s: float = 10.0
-    idle_timeout_s: float = 5.0
 
 
-@dataclass
-class DoorConnections:
-    """The open connections of one front door, the one silent longest first."""
+class DoorConnections(OpenSet[Any]):
+    """The open connections of one front door (the socket's open set, ``OpenSet``), also
+    held to ``max_per_peer`` from one address."""
 
-    limits: DoorLimits
-    open: collections.OrderedDict[Any, str] = field(default_factory=collections.OrderedDict)
-    per_peer: collections.Counter[str] = field(default_factory=collections.Counter)
-    closed: bool = False  # the door stopped: a connection finishing its handshake is dropped
-    evicted: int = 0
-    refused: int = 0
-    timed_out: int = 0
-    _logged_at: float = -1.0
+    def __init__(self, limits: DoorLimits) -> None:
+        super().__init__(limits.max_connections, event_prefix="mcp_http_")
+        self.limits = limits
+        self.per_peer: collections.Counter[str] = collections.Counter()
+        self._peer_of: dict[Any, str] = {}
+        self.closed = False  # the door stopped: a connection finishing its handshake is dropped
 
-    def admit(self, conn: Any, peer: str) -> bool:
-        """Count ``conn`` in, evicting the silent-longest idle connection at a cap;
-        False (refuse it) when every connection counted against that cap is busy."""
-        limits = self.limits
-        if self.per_peer[peer] >= limits.max_per_peer and not self._evict(peer):
-            return self._refuse(peer)
-        if len(self.open) >= limits.max_connections and not self._evict(None):
-            return self._refuse(peer)
-        self.open[conn] = peer
+    def admit_from(self, conn: Any, peer: str) -> bool:
+        """Count ``conn`` (from ``peer``) in: at the per-address cap the silent-longest idle
+        connection of that address makes room, at the total cap any idle one; False
+        (refuse it) when none can."""
+        now = time.monotonic()
+        if self.per_peer[peer] >= self.limits.max_per_peer and not self.evict(
+                now, lambda c: self._peer_of.get(c) == peer):
+            return self.refuse(now)
+        if not self.admit(conn, now):
+            return False
+        self._peer_of[conn] = peer
         self.per_peer[peer] += 1
         return True
 
-    def touch(self, conn: Any) -> None:
-        """``conn`` spoke: it is now the one silent shortest."""
-        if conn in self.open:
-            self.open.move_to_end(conn)
-
     def forget(self, conn: Any) -> None:
         """``conn`` is gone (or going); once only."""
-        peer = self.open.pop(conn, None)
+        super().forget(conn)
+        peer = self._peer_of.pop(conn, None)
         if peer is not None:
             self.per_peer[peer] -= 1
             if not self.per_peer[peer]:
                 del self.per_peer[peer]
-
-    def _evict(self, peer: str | None) -> bool:
-        victim = next((c for c, p in self.open.items()
-                       if not c.busy and (peer is None or p == peer)), None)
-        if victim is None:
-            return False
-        self.forget(victim)
-        victim.close_quietly()
-        self.evicted += 1
-        self._note("mcp_http_connection_evicted", peer)
-        return True
-
-    def _refuse(self, peer: str) -> bool:
-        self.refused += 1
-        self._note("mcp_http_connection_refused", peer)
-        return False
-
-    def _note(self, event: str, peer: str | None) -> None:
-        """One log line a second at most: evictions and refusals come in floods."""
-        now = time.monotonic()
-        if now - self._logged_at >= 1.0:
-            self._logged_at = now
-            log.warning(event, peer=peer, open=len(self.open), evicted=self.evicted,
-                        refused=self.refused, timed_out=self.timed_out)
 
 
 def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
@@ -129,7 +102,7 @@ def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
                 transport.abort()
                 return
             peer = self.client[0] if self.client else "?"
-            if not connections.admit(self, peer):
+            if not connections.admit_from(self, peer):
                 transport.abort()
                 return
             self._arm_head_timer()
@@ -150,7 +123,7 @@ def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
             if not self.transport.is_closing() and not self.busy:
                 self._arm_head_timer()  # the next head has head_timeout_s to come whole
 
-        def close_quietly(self) -> None:
+        def abort(self) -> None:
             """Close now (evicted): nothing is in progress, so nothing is lost."""
             self._disarm_head_timer()
             self.transport.abort()
@@ -184,7 +157,7 @@ class PendingTls:
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
 
-    def close_quietly(self) -> None:
+    def abort(self) -> None:
         with contextlib.suppress(OSError):
             self.conn.shutdown(socket.SHUT_RDWR)
 
@@ -222,7 +195,7 @@ async def accept_tls(listener: socket.socket, connections: DoorConnections,
             continue
         pending = PendingTls(conn)
         peer = str(address[0]) if isinstance(address, tuple) else "?"
-        if connections.closed or not connections.admit(pending, peer):
+        if connections.closed or not connections.admit_from(pending, peer):
             conn.close()
             continue
         task = loop.create_task(handshake(pending))

@@ -152,58 +152,70 @@ class BufferBudget:
             self._granting = False
 
 
-C = TypeVar("C", bound=Holder)
-H = TypeVar("H")
+class Evictable(Protocol):
+    """A connection as an open set sees it: whether a request is in progress, and how to
+    close it at once."""
+
+    @property
+    def busy(self) -> bool: ...
+    def abort(self) -> None: ...
 
 
-class ServerState(Generic[C, H]):
-    """What the connections of one server share: hooks, limits, the open set, the budget."""
+K = TypeVar("K", bound=Evictable)
 
-    def __init__(self, hooks: H, *, idle_timeout_s: float, request_timeout_s: float,
-                 max_connections: int, budget: BufferBudget) -> None:
-        self.hooks = hooks
-        # Not loop.time(): uvloop's is cached per loop iteration, and "silent
-        # longest" must tell apart connections made in the same one.
-        self.clock: Callable[[], float] = time.monotonic
-        self.idle_timeout_s = idle_timeout_s
-        self.request_timeout_s = request_timeout_s
+
+class OpenSet(Generic[K]):
+    """Open connections in activity order, at most ``max_connections``: a new one evicts
+    the connection silent longest with nothing in progress, and is refused only when
+    every open one is busy. Evictions and refusals are logged one line a second at most
+    (``<prefix>connection_evicted``, ``<prefix>connection_refused``), counting those since
+    the last."""
+
+    def __init__(self, max_connections: int, *, event_prefix: str = "") -> None:
         self.max_connections = max_connections
-        self.budget = budget
         # Open connections, the one active longest ago first (see touch()).
-        self.connections: collections.OrderedDict[C, None] = (
-            collections.OrderedDict())
+        self.connections: collections.OrderedDict[K, None] = collections.OrderedDict()
         self.evicted = 0
         self.refused = 0
         self.timed_out = 0
-        self.stalled = 0
-        # Evictions and refusals come in floods when they come: one log line a second
-        # each at most, counting those since the last.
-        self._unlogged = {"connection_evicted": 0, "connection_refused": 0}
-        self._logged_at = {"connection_evicted": -1.0, "connection_refused": -1.0}
+        self._evicted_event = f"{event_prefix}connection_evicted"
+        self._refused_event = f"{event_prefix}connection_refused"
+        self._unlogged = {self._evicted_event: 0, self._refused_event: 0}
+        self._logged_at = {self._evicted_event: -1.0, self._refused_event: -1.0}
 
-    def admit(self, conn: C, now: float) -> bool:
+    def admit(self, conn: K, now: float) -> bool:
         """Count ``conn`` in, evicting the connection silent longest with nothing in progress
         if the limit is reached; False when every open connection is busy."""
-        if len(self.connections) >= self.max_connections:
-            # In activity order, so the first one not busy is the one silent longest.
-            victim = next((c for c in self.connections if not c.busy), None)
-            if victim is None:
-                self.refused += 1
-                self._note("connection_refused", now)
-                return False
-            self.forget(victim)
-            victim.abort()
-            self.evicted += 1
-            self._note("connection_evicted", now)
+        if len(self.connections) >= self.max_connections and not self.evict(now):
+            return self.refuse(now)
         self.connections[conn] = None
         return True
 
-    def touch(self, conn: C) -> None:
+    def evict(self, now: float, among: Callable[[K], bool] = lambda _c: True) -> bool:
+        """Close the connection silent longest with nothing in progress (of those ``among``
+        takes); False when there is none."""
+        # In activity order, so the first one not busy is the one silent longest.
+        victim = next((c for c in self.connections if not c.busy and among(c)), None)
+        if victim is None:
+            return False
+        self.forget(victim)
+        victim.abort()
+        self.evicted += 1
+        self._note(self._evicted_event, now)
+        return True
+
+    def refuse(self, now: float) -> bool:
+        """Count a connection refused; False (what :meth:`admit` answers)."""
+        self.refused += 1
+        self._note(self._refused_event, now)
+        return False
+
+    def touch(self, conn: K) -> None:
         """``conn`` was just active: it moves to the end of the eviction order."""
         if conn in self.connections:
             self.connections.move_to_end(conn)
 
-    def forget(self, conn: C) -> None:
+    def forget(self, conn: K) -> None:
         self.connections.pop(conn, None)
 
     def _note(self, event: str, now: float) -> None:
@@ -220,6 +232,26 @@ class ServerState(Generic[C, H]):
                 log.warning(event, count=count, open=len(self.connections),
                             max_connections=self.max_connections, evicted=self.evicted,
                             refused=self.refused)
+
+
+C = TypeVar("C", bound=Holder)
+H = TypeVar("H")
+
+
+class ServerState(OpenSet[C], Generic[C, H]):
+    """What the connections of one server share: hooks, limits, the open set, the budget."""
+
+    def __init__(self, hooks: H, *, idle_timeout_s: float, request_timeout_s: float,
+                 max_connections: int, budget: BufferBudget) -> None:
+        super().__init__(max_connections)
+        self.hooks = hooks
+        # Not loop.time(): uvloop's is cached per loop iteration, and "silent
+        # longest" must tell apart connections made in the same one.
+        self.clock: Callable[[], float] = time.monotonic
+        self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.budget = budget
+        self.stalled = 0
 
 
 class FlowControl:

@@ -391,7 +391,7 @@ def door_config(door: FrontDoor, settings: McpHttpConfig,
     cap = min(settings.max_connections, max_connections or settings.max_connections)
     connections = DoorConnections(DoorLimits(
         max_connections=cap, max_per_peer=min(cap, settings.max_connections_per_peer),
-        head_timeout_s=settings.head_timeout_s, idle_timeout_s=settings.idle_timeout_s))
+        head_timeout_s=settings.head_timeout_s))
     door.connections = connections
     config = uvicorn.Config(
         door, lifespan="off", log_level="warning", access_log=False, loop="none",
@@ -454,8 +454,8 @@ async def serve(door: FrontDoor, config: Any, sock: socket.socket,
             if acceptor is not None:
                 acceptor.cancel()
                 sock.close()
-            for pending in [c for c in connections.open if isinstance(c, PendingTls)]:
-                pending.close_quietly()
+            for pending in [c for c in connections.connections if isinstance(c, PendingTls)]:
+                pending.abort()
             for task in list(handshakes):
                 task.cancel()
             if server is not None:
@@ -563,7 +563,8 @@ class FrontDoors:
                 "allowed_origins": list(settings.allowed_origins),
                 "serving": self._serving is not None and not self._serving[0].done(),
                 "connections": None if connections is None else {
-                    "open": len(connections.open), "max": connections.limits.max_connections,
+                    "open": len(connections.connections),
+                    "max": connections.limits.max_connections,
                     "evicted": connections.evicted, "refused": connections.refused,
                     "head_timeouts": connections.timed_out}}
 

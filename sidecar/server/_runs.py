@@ -34,7 +34,7 @@ import secrets
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -59,7 +59,6 @@ class Run:
     grant: Grant
     cgroup: Path | None = None
     engine_pid: int | None = None
-    pids: set[int] = field(default_factory=set)
 
 
 def _find_cgroup_base() -> Path | None:
@@ -147,7 +146,6 @@ class EngineRuns:
     def attach(self, run: Run, pid: int) -> None:
         """The engine of ``run`` started as ``pid``."""
         run.engine_pid = pid
-        run.pids.add(pid)
 
     def grant_of(self, pid: int | None) -> Grant | None:
         """The grant of the run ``pid`` belongs to; None when it belongs to none."""
