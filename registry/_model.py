@@ -24,6 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+from ._kinds import SAFETY_LEVELS as SAFETY_LEVELS
+from ._kinds import LatencyClass as LatencyClass
+from ._kinds import Safety as Safety
 from ._names import NAME_PATTERN, alias_problem
 from ._names import is_valid_name as is_valid_name  # capd.registry imports it from here
 from ._routes import ANY_ERROR, ErrorRoute, check_routes
@@ -31,11 +34,7 @@ from ._template import TemplateError, check_known
 from ._threads import OpThreads, ThreadHandle
 
 RetryPolicy = Literal["manual", "replay", "verify_first"]
-LatencyClass = Literal["inner", "outer", "both"]
 PartialReplay = Literal["safe", "unsafe"]
-Safety = Literal["read_only", "writes", "destructive", "external_side_effects"]
-SAFETY_LEVELS: tuple[Safety, ...] = ("read_only", "writes", "destructive",
-                                     "external_side_effects")
 
 TOOL_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]*$"
 # An exception class by dotted name: ``builtins.ConnectionError``, ``httpx.ConnectError``.

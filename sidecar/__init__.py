@@ -29,7 +29,7 @@ from ._errors import (
     UnsafeSocketFolder,
 )
 from ._paths import capd_version, default_socket_path
-from ._table import COMMANDS, McpTool, OperatorCommand, Option
+from ._table import COMMANDS, McpTool, OperatorCommand
 
 __all__ = [
     "COMMANDS",
@@ -41,7 +41,6 @@ __all__ = [
     "InvalidParams",
     "McpTool",
     "OperatorCommand",
-    "Option",
     "SidecarError",
     "SocketInUse",
     "StateDirLocked",

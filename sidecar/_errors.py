@@ -60,6 +60,16 @@ def validator_exit(exc: BaseException) -> dict[str, Any]:
                    f"({exc}); check the values against its description"}
 
 
+class InvalidArguments(SidecarError):
+    """A request's values do not fit its command's parameters (422 with the error list)."""
+
+    def __init__(self, command: str, errors: list[dict[str, Any]]) -> None:
+        self.errors = errors
+        said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+                         for e in errors)
+        super().__init__(f"{said} (capd {command} --help says what it takes)")
+
+
 class InvalidTimeout(SidecarError):
     """A per-call timeout that is not seconds in (0, the capability's ``timeout_s``]."""
 

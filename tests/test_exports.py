@@ -53,7 +53,7 @@ def test_registry_exports() -> None:
 SIDECAR = {
     "COMMANDS", "BadRequest", "DaemonDown", "DaemonUnreachable", "Draining", "Forbidden",
     "InvalidParams",
-    "McpTool", "OperatorCommand", "Option", "SidecarError", "SocketInUse", "StateDirLocked",
+    "McpTool", "OperatorCommand", "SidecarError", "SocketInUse", "StateDirLocked",
     "UnsafeSocketFolder", "capd_version", "default_socket_path", "UnknownAgent",
     "UnresolvedAgent",
 }

@@ -35,20 +35,20 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import anyio
+from pydantic import ValidationError
 
 from capd.registry import ConfigError, is_valid_reference, without_mark
 
+from .._args import Wire, to_wire
 from .._errors import DaemonDown
-from .._table import COMMANDS, McpTool, OperatorCommand
+from .._table import COMMANDS, MAX_PAGE, OperatorCommand
 from ._unixhttp import OnChunk, UnixHttp
 
-META_TOOLS: dict[str, McpTool] = {row.mcp.name: row.mcp for row in COMMANDS if row.mcp}
-_ROWS = {row.mcp.name: row for row in COMMANDS if row.mcp}
+META_TOOLS: dict[str, OperatorCommand] = {row.mcp.name: row for row in COMMANDS if row.mcp}
 # Operator rows an operator may offer agents ([mcp] operator_tools in capd.toml), by row id.
-OPERATOR_TOOLS: dict[str, McpTool] = {
-    row.id: row.optional_mcp for row in COMMANDS if row.optional_mcp}
+OPERATOR_TOOLS: dict[str, OperatorCommand] = {
+    row.id: row for row in COMMANDS if row.optional_mcp}
 _OPERATOR_ROWS = {row.optional_mcp.name: row for row in COMMANDS if row.optional_mcp}
-DEFAULT_PAGE = 50
 
 
 @dataclass(frozen=True)
@@ -194,19 +194,20 @@ def _normalized(path: str) -> str:
     return URL(f"http://capd{path}").raw_path
 
 
-def _request_of(row: OperatorCommand, spec: McpTool, arguments: dict[str, Any]
-                ) -> tuple[str, dict[str, str]]:
-    """The row's path with the tool's arguments in it, and its query string's values."""
-    path = row.path
-    for arg, param in spec.path.items():
-        path = path.replace("{" + param + "}", quote(str(arguments[arg]), safe=""))
-    query: dict[str, str] = {}
-    for arg, key in spec.query.items():
-        if arguments.get(arg) is not None:
-            value = arguments[arg]
-            query[key] = (",".join(value) if isinstance(value, list) else
-                          str(value).lower() if isinstance(value, bool) else str(value))
-    return path, query
+def _request_of(row: OperatorCommand, tool: str, arguments: dict[str, Any]) -> Wire:
+    """The request that carries a tool's arguments to its row; :class:`BadArguments`
+    naming each one that does not fit (as the daemon would, but in the tool's words)."""
+    try:
+        args = row.params.model_validate(arguments)
+    except ValidationError as exc:
+        raise BadArguments("; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in exc.errors(include_url=False)) + f" (see {tool}'s input schema)") from None
+    return to_wire(row.path, row.params, args.model_dump(mode="json", exclude_unset=True))
+
+
+class BadArguments(ValueError):
+    """A tool's arguments do not fit its schema."""
 
 
 def _terse(value: Any) -> str:
@@ -382,7 +383,7 @@ class Bridge:
     tool_set: str | None = None
     _daemon_tool_set: str = "brief"
     _direct: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _operator: dict[str, McpTool] = field(default_factory=dict)  # offered, by tool name
+    _operator: dict[str, OperatorCommand] = field(default_factory=dict)  # offered, by name
     # What the client was last shown of the upstreams' resources and prompts (by kind),
     # once it has listed them: watched, and list_changed sent when it changes.
     _offers_seen: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -391,20 +392,24 @@ class Bridge:
 
     async def _capsules(self) -> list[dict[str, Any]]:
         """Every capability this bridge may see (the daemon filters by its grant)."""
-        status, body = await self.link.request("GET", "/capabilities", query={"limit": "100000"})
-        if status != 200:
-            raise DaemonDown(f"capd answered {status} to GET /capabilities")
-        caps: list[dict[str, Any]] = body["capabilities"]
+        caps: list[dict[str, Any]] = []
+        cursor: str | None = "0"
+        while cursor is not None:
+            status, body = await self.link.request(
+                "GET", "/capabilities", query={"limit": str(MAX_PAGE), "cursor": cursor})
+            if status != 200:
+                raise DaemonDown(f"capd answered {status} to GET /capabilities")
+            caps += body["capabilities"]
+            cursor = body["next_cursor"]
         return caps
 
     async def validate_profile(self) -> None:
         """Every capability the profile names must exist; raise :class:`ConfigError`."""
         if self.profile is None or not self.profile.capabilities:
             return
-        status, body = await self.link.request("GET", "/capabilities",
-                                               query={"limit": "100000"})
-        known = ({n for c in body["capabilities"] for n in (c["name"], *c.get("aliases", []))}
-                 if status == 200 else set())
+        known: set[str] = set()
+        with contextlib.suppress(DaemonDown):
+            known = {n for c in await self._capsules() for n in (c["name"], *c.get("aliases", ()))}
         unknown = sorted(self.profile.capabilities - known)
         if unknown:
             raise ConfigError(f"profile {self.profile.name}: unknown capability "
@@ -444,8 +449,8 @@ class Bridge:
         offers = body.get("mcp", {}) if status == 200 and isinstance(body, dict) else {}
         names = offers.get("operator_tools", [])
         self._daemon_tool_set = str(offers.get("tools", "brief"))
-        self._operator = {spec.name: spec for row_id, spec in OPERATOR_TOOLS.items()
-                          if row_id in names}
+        self._operator = {row.optional_mcp.name: row for row_id, row in OPERATOR_TOOLS.items()
+                          if row_id in names and row.optional_mcp}
 
     # ---------------------------------------------------------------- tools
 
@@ -454,10 +459,13 @@ class Bridge:
         with contextlib.suppress(DaemonDown):  # offered again once the daemon answers
             await self._refresh_operator()
         if (self.tool_set or self._daemon_tool_set) == "full":
-            tools = [_tool(t.name, t.description, t.input_schema) for t in META_TOOLS.values()]
+            tools = [_tool(name, row.mcp.description, row.schema())
+                     for name, row in META_TOOLS.items() if row.mcp]
         else:  # the other meta tools still answer when called: they are only not listed
-            tools = [_tool(t.name, *t.brief) for t in META_TOOLS.values() if t.brief]
-        tools += [_tool(t.name, t.description, t.input_schema) for t in self._operator.values()]
+            tools = [_tool(name, row.mcp.brief, row.schema(brief=True))
+                     for name, row in META_TOOLS.items() if row.mcp and row.mcp.brief]
+        tools += [_tool(name, row.optional_mcp.description, row.schema())
+                  for name, row in self._operator.items() if row.optional_mcp]
         if self.direct_tags is not None:
             # When the daemon is down the meta tools still answer, each with the reason.
             with contextlib.suppress(DaemonDown):
@@ -480,56 +488,31 @@ class Bridge:
                 await self._refresh_direct()  # a call may come before any tools/list
             if self.direct_tags is not None and name in self._direct:
                 return await self._invoke(name, arguments, None, direct=True, peer=peer)
-        except DaemonDown as exc:
+        except (DaemonDown, BadArguments) as exc:
             return _text(str(exc), is_error=True)
         return _text(f"unknown tool {name!r}", is_error=True)
 
     async def _call_meta(self, name: str, arguments: dict[str, Any],
                          peer: Peer | None) -> dict[str, Any]:
-        spec = META_TOOLS[name]
-        missing = [a for a in spec.input_schema.get("required", []) if a not in arguments]
-        if missing:
-            return _text(f"{name} needs {', '.join(missing)}", is_error=True)
-        if name == "list_capabilities":
-            return await self._list(arguments)
-        if name == "invoke_capability":
-            headers = {header: ("true" if value is True else str(value))
-                       for arg, header in spec.headers.items()
-                       if (value := arguments.get(arg)) not in (None, False, "")}
-            return await self._invoke(str(arguments["id"]), arguments.get("arguments") or {},
-                                      headers, peer=peer)
-        if spec.body == "*":  # the arguments are the request's body (preflight, invoke_many)
-            status, body = await self.link.request("POST", _ROWS[name].path, body=arguments,
-                                                   headers=peer.trace if peer else None)
-            return _problem(status, body) if status >= 400 else _text(body, is_error=False)
-        row = _ROWS[name]
-        path, query = _request_of(row, spec, arguments)
-        status, body = await self.link.request(row.method, path, query=query)
-        if status >= 400:
-            return _problem(status, body)
-        return _text(body, is_error=False)
+        row = META_TOOLS[name]
+        wire = _request_of(row, name, arguments)
+        if row.id == "call":
+            return await self._invoke(str(arguments["id"]), wire.body or {}, wire.headers,
+                                      peer=peer)
+        headers = {**wire.headers, **(peer.trace if peer else {})}
+        status, body = await self.link.request(row.method, wire.path, query=wire.query,
+                                               body=wire.body, headers=headers or None)
+        return _problem(status, body) if status >= 400 else _text(body, is_error=False)
 
     async def _call_operator(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """An operator row the daemon offers as a tool: reload, or recheck a capability
         (only one inside this bridge's profile)."""
-        spec, row = self._operator[name], _OPERATOR_ROWS[name]
-        missing = [a for a in spec.input_schema.get("required", []) if a not in arguments]
-        if missing:
-            return _text(f"{name} needs {', '.join(missing)}", is_error=True)
-        path, query = _request_of(row, spec, arguments)
-        status, body = await self.link.request(row.method, path, query=query)
+        row = self._operator[name]
+        wire = _request_of(row, name, arguments)
+        status, body = await self.link.request(row.method, wire.path, query=wire.query)
         if status >= 400 and not (isinstance(body, dict) and "detail" not in body):
             return _problem(status, body)
         return _text(body, is_error=status >= 400)  # a failed reload: its own report
-
-    async def _list(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The daemon's own page (only what this bridge's grant holds): the same body as
-        ``capd list --json``."""
-        query = {key: str(arguments[key]) for key in ("tag", "state", "cursor", "limit")
-                 if arguments.get(key) not in (None, "")}
-        query.setdefault("limit", str(DEFAULT_PAGE))
-        status, body = await self.link.request("GET", "/capabilities", query=query)
-        return _problem(status, body) if status >= 400 else _text(body, is_error=False)
 
     async def _invoke(self, name: str, arguments: Any, headers: dict[str, str] | None,
                       *, direct: bool = False, peer: Peer | None = None) -> dict[str, Any]:

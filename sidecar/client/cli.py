@@ -26,13 +26,16 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote, urlencode
 
+from pydantic import ValidationError
+
 from capd.registry import CapdError, ConfigError
 
+from .._args import Param, Params, params_of, to_wire
 from .._errors import DaemonDown
 from .._paths import DEFAULT_CONFIG_ENV, capd_version, default_socket_path, find_socket
 from .._table import COMMANDS, OperatorCommand
@@ -54,37 +57,6 @@ EXIT_PIPE = 141         # 128 + SIGPIPE, as a shell reports `yes | head -1`
 # Rows whose failing answer is itself the report (`capd health` while a check fails):
 # printed on stdout like a success, with exit 1.
 STATUS_REPORTS = frozenset({"health", "livez", "readyz", "topology-validate"})
-
-PATH_PARAM_HELP = {"name": "a capability's name or alias", "tool": "a tool id from capd.toml",
-                   "id": "a job id (the ID column of capd queue list)",
-                   "agent": "an agent's name ([agents.NAME] in capd.toml)",
-                   "topology": "a topology id (capd topology list)",
-                   "prompt": "a prompt's name (capd prompts list)",
-                   "call": "the call id a streamed call's question names",
-                   "question": "the question's id in that call",
-                   "token": "a token's name or id (capd token list)"}
-
-def _count(text: str) -> str:
-    """A whole number of at least 1 (checked here: a usage error, exit 2), sent as given."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return text
-
-
-def _seconds(text: str) -> str:
-    """A number of seconds above 0 (checked here: a usage error, exit 2), sent as given."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return text
-
-
-VALUE_TYPES: dict[str, Callable[[str], str]] = {"text": str, "count": _count,
-                                                "seconds": _seconds}
-"""How the CLI reads each kind of option value (``Option.value``)."""
 
 PATH_PARAM_NAMES = {"name": "capabilities", "tool": "tools", "id": "jobs"}
 """The path parameters whose values complete from the daemon (``_completion.NAME_KINDS``)."""
@@ -450,34 +422,52 @@ def _parse_params(args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
+def _arguments(row: OperatorCommand, args: argparse.Namespace) -> Params:
+    """``row``'s parameters from the command line, checked as the daemon checks them (a
+    value that does not fit is a usage error, exit 2)."""
+    values: dict[str, Any] = {}
+    for param in params_of(row.params):
+        value = getattr(args, param.name, None)
+        if param.arg.rest and param.kind is str:
+            value = " ".join(value or ()) or None
+        elif param.many and value is not None:  # each occurrence may list several
+            value = [part for item in value for part in item.split(",") if part] \
+                if not param.arg.rest else value
+        if value is not None and value is not False:
+            values[param.name] = value
+    if row.takes_params:
+        given = _parse_params(args)
+        whole = next((p.name for p in params_of(row.params) if p.arg.key == "*"), None)
+        values.update({whole: given} if whole else given)
+    try:
+        return row.params.model_validate(values)
+    except ValidationError as exc:
+        spelt = {p.name: _spelling(p) for p in params_of(row.params)}
+        said = "; ".join(f"{spelt.get(str(e['loc'][0]), e['loc'][0]) if e['loc'] else ''}"
+                         f"{''.join(f'[{p}]' for p in e['loc'][1:])}: {e['msg']}"
+                         for e in exc.errors(include_url=False))
+        parser: argparse.ArgumentParser = args.parser
+        parser.error(said)
+
+
+def _spelling(param: Param) -> str:
+    """How the command line spells ``param``: its first flag, its metavar, or --params."""
+    if param.arg.flags:
+        return param.arg.flags[0]
+    return "--params" if param.arg.at == "body" and param.arg.key == "*" else _metavar(param)
+
+
+def _metavar(param: Param) -> str:
+    return (param.key if param.arg.at == "path" else param.name).upper()
+
+
 def run_table_command(row: OperatorCommand, args: argparse.Namespace) -> int:
     """Send ``row``'s request built from ``args`` and print the answer."""
-    path = row.path
-    for name in row.path_params:
-        path = path.replace("{" + name + "}", quote(getattr(args, name), safe=""))
-    query = {}
-    headers: dict[str, str] = {}
-    body: dict[str, Any] | None = None
-    for option in row.options:
-        value = getattr(args, option.flags[0] if option.positional else option.dest)
-        if option.rest:
-            value = " ".join(value) or None
-        elif option.repeat:
-            value = ",".join(value or ()) or None
-        if value in (None, False) or option.target == "local":
-            continue
-        if option.target == "header" and option.header is not None:
-            headers[option.header] = "true" if value is True else str(value)
-        elif option.target == "query":
-            query[option.dest] = "true" if value is True else str(value)
-        else:
-            body = {**(body or {}), option.dest: value}
-    if row.takes_params:
-        body = _parse_params(args)
-    if query:
-        path += "?" + urlencode(query)
-    response = request(_socket_path(args.socket), row.method, path, body=body,
-                       headers=headers or None)
+    wire = to_wire(row.path, row.params,
+                   _arguments(row, args).model_dump(mode="json", exclude_unset=True))
+    path = wire.path + ("?" + urlencode(wire.query) if wire.query else "")
+    response = request(_socket_path(args.socket), row.method, path, body=wire.body,
+                       headers=wire.headers or None)
     ok = 200 <= response.status < 300
     problem = response.content_type.startswith("application/problem+json")
     output, asked = output_format(args)
@@ -633,28 +623,9 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                 groups[prefix].required = True
             parent = groups[prefix]
         parser = _add_command(parent, row.cli[-1], row.summary, row.examples)
-        for name in row.path_params:
-            action = parser.add_argument(name, metavar=name.upper(),
-                                         help=PATH_PARAM_HELP.get(name))
-            action.capd_names = PATH_PARAM_NAMES.get(name)  # type: ignore[attr-defined]
-        for option in row.options:
-            if option.positional:
-                nargs = "*" if option.rest else "?" if option.optional else None
-                parser.add_argument(option.flags[0], metavar=option.flags[0].upper(),
-                                    help=option.help, nargs=nargs)
-                continue
-            if option.is_flag:
-                parser.add_argument(*option.flags, dest=option.dest, action="store_true",
-                                    help=option.help)
-            elif option.repeat:
-                parser.add_argument(*option.flags, dest=option.dest, action="append",
-                                    metavar=option.dest.upper(), help=option.help)
-            else:
-                action = parser.add_argument(*option.flags, dest=option.dest, help=option.help,
-                                             choices=option.choices, required=option.required,
-                                             type=VALUE_TYPES[option.value])
-                if option.dest == "profile":  # a [profiles.NAME] of capd.toml
-                    action.capd_names = "profiles"  # type: ignore[attr-defined]
+        for param in params_of(row.params):
+            if not (row.takes_params and param.arg.at == "body"):  # those: --params, -p
+                _add_param(parser, param)
         if row.takes_params:
             parser.add_argument("--params", metavar="JSON", help="parameters as one JSON object")
             parser.add_argument("-p", dest="param", action="append", metavar="KEY=VALUE",
@@ -667,7 +638,30 @@ def _add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                             "when piped) or yaml")
         parser.add_argument("--socket", help="daemon socket (default: $CAPD_SOCKET or "
                             f"{default_socket_path()})")
-        parser.set_defaults(handler=lambda a, row=row: run_table_command(row, a), row=row.id)
+        parser.set_defaults(handler=lambda a, row=row: run_table_command(row, a), row=row.id,
+                            parser=parser)
+
+
+def _add_param(parser: argparse.ArgumentParser, param: Param) -> None:
+    """``param`` as an argument of its command's parser."""
+    info, arg = param.info, param.arg
+    if not arg.flags:
+        nargs = "*" if arg.rest else None if info.is_required() else "?"
+        action = parser.add_argument(param.name, metavar=_metavar(param), nargs=nargs,
+                                     help=info.description)
+    elif param.kind is bool and info.default is False:
+        action = parser.add_argument(*arg.flags, dest=param.name, action="store_true",
+                                     help=info.description)
+    else:
+        choices = ("true", "false") if param.kind is bool else param.choices
+        action = parser.add_argument(*arg.flags, dest=param.name, help=info.description,
+                                     action="append" if param.many else "store",
+                                     metavar=param.name.upper() if param.many else None,
+                                     choices=choices, required=info.is_required())
+    # what completes from the daemon: capabilities, tools, jobs, profiles
+    names = "profiles" if param.name == "profile" else PATH_PARAM_NAMES.get(param.key) \
+        if arg.at == "path" else None
+    action.capd_names = names  # type: ignore[attr-defined]
 
 
 class _Parser(argparse.ArgumentParser):

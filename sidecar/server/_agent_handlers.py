@@ -27,8 +27,9 @@ from capd.registry import (
     validate_topology,
 )
 
+from .._args import Params
 from .._errors import BadRequest, UnknownAgent, UnresolvedAgent
-from .._table import AGENT_FORMATS
+from .._table import AgentIn, ExpandIn, ResolveIn, TopologyIn, ValidateIn
 from ._agents import (
     AgentResolution,
     BridgeLaunch,
@@ -83,9 +84,9 @@ def _agents(ctx: Context) -> Mapping[str, AgentSpec]:
     return seen
 
 
-def _context(ctx: Context) -> dict[str, str]:
+def _context(items: tuple[str, ...]) -> dict[str, str]:
     try:
-        return parse_context(ctx.query.get("context"))
+        return parse_context(",".join(items))
     except ValueError as exc:
         raise BadRequest(f"context: {exc}") from exc
 
@@ -114,7 +115,7 @@ def _injections_view(ctx: Context) -> list[dict[str, Any]]:
             for index, i in enumerate(ctx.services.loaded.injections) if id(i) in shown]
 
 
-async def agents_list(ctx: Context) -> Reply:
+async def agents_list(ctx: Context, _: Params) -> Reply:
     """The declared agents, with their entries, and the run-time injections."""
     agents = _agents(ctx)
     return Reply(200, {
@@ -124,9 +125,9 @@ async def agents_list(ctx: Context) -> Reply:
         "injections": _injections_view(ctx)})
 
 
-async def agent_show(ctx: Context) -> Reply:
+async def agent_show(ctx: Context, a: AgentIn) -> Reply:
     """One agent: its entries and what each selects now, and the injections that may add more."""
-    name = ctx.path["agent"]
+    name = a.agent
     spec = find_agent(name, _agents(ctx))
     registry = ctx.services.registry
     expansion = [select_capabilities(registry, entry) for entry in spec.capabilities]
@@ -138,15 +139,12 @@ async def agent_show(ctx: Context) -> Reply:
         "injections": _injections_view(ctx)})
 
 
-async def agent_resolve(ctx: Context) -> Reply:
+async def agent_resolve(ctx: Context, a: ResolveIn) -> Reply:
     """The MCP servers an agent's runtime needs in a context: json, claude or codex."""
-    form = ctx.query.get("format") or "json"
-    if form not in AGENT_FORMATS:
-        raise BadRequest(f"format must be {', '.join(AGENT_FORMATS)}, not {form!r}")
-    name = ctx.path["agent"]
+    form, name = a.format, a.agent
     agents = _agents(ctx)
     find_agent(name, agents)
-    resolution = _resolve(ctx, name, _context(ctx), agents)
+    resolution = _resolve(ctx, name, _context(a.context), agents)
     if form == "claude":
         return Reply(200, claude_config(resolution))
     if form == "codex":
@@ -183,7 +181,7 @@ def _problems(ctx: Context, topology: Topology, agents: Mapping[str, AgentSpec])
     return problems
 
 
-async def topologies_list(ctx: Context) -> Reply:
+async def topologies_list(ctx: Context, _: Params) -> Reply:
     """Every declared topology, briefly, and the tables that could not be read."""
     found = await _topologies(ctx)
     return Reply(200, {
@@ -195,19 +193,19 @@ async def topologies_list(ctx: Context) -> Reply:
         "errors": [e.as_dict() for e in found.errors]})
 
 
-async def topology_show(ctx: Context) -> Reply:
+async def topology_show(ctx: Context, a: TopologyIn) -> Reply:
     """One topology as declared, with the problems validation finds in it."""
     found = await _topologies(ctx)
-    topology = found.get(ctx.path["topology"])
+    topology = found.get(a.id)
     return Reply(200, {**topology.model_dump(mode="json"),
                        "problems": _problems(ctx, topology, _agents(ctx))})
 
 
-async def topology_validate(ctx: Context) -> Reply:
+async def topology_validate(ctx: Context, a: ValidateIn) -> Reply:
     """Check one topology (``id``) or all of them; 422 with the report when any is unsound."""
     found = await _topologies(ctx)
     agents = _agents(ctx)
-    wanted = ctx.query.get("id") or None
+    wanted = a.topology or None
     checked: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
     if wanted is not None:
@@ -230,20 +228,19 @@ async def topology_validate(ctx: Context) -> Reply:
     return Reply(200 if ok else 422, {"ok": ok, "topologies": checked, "errors": errors})
 
 
-async def topology_expand(ctx: Context) -> Reply:
+async def topology_expand(ctx: Context, a: ExpandIn) -> Reply:
     """Materialise a topology's instances (``set=role.count=N,...``), each with its agent's
     resolved config (in ``context=k=v,...``); refuse an unsound topology."""
     try:
-        counts = parse_count_overrides(
-            item for item in (ctx.query.get("set") or "").split(",") if item.strip())
+        counts = parse_count_overrides(a.set)
     except ValueError as exc:
         raise BadRequest(f"set: {exc}") from exc
-    context = _context(ctx)
+    context = _context(a.context)
     found = await _topologies(ctx)
     agents = _agents(ctx)
     # Off the loop: its size is the caller's (bounded by MAX_INSTANCES, checked first).
     expansion = await asyncio.to_thread(
-        expand_topology, found.get(ctx.path["topology"]), agents, counts)
+        expand_topology, found.get(a.id), agents, counts)
     topology = expansion.topology
     resolved = {agent: _resolve(ctx, agent, context, agents)
                 for agent in dict.fromkeys(i.agent for i in expansion.instances)}

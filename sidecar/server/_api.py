@@ -26,10 +26,11 @@ from structlog.contextvars import bind_contextvars
 from capd.recovery import tracing
 from capd.registry import USER_CODE_FAILURES
 
+from .._args import validate
 from .._errors import (
     BadRequest,
 )
-from .._table import COMMANDS, OperatorCommand
+from .._table import COMMANDS, MAX_CALLS, OperatorCommand
 from ._authority import GRANT_HEADER, GrantRefused, PeerRefused, peer_credentials
 from ._grant import Grant, Profile
 from ._handlers import HANDLERS
@@ -193,10 +194,10 @@ class Router:
 
 
 def _calls_in(body: Any) -> int:
-    """How many calls a ``POST /calls`` body makes (its checks come in the handler; at
-    most the batch's limit, at least one)."""
+    """How many calls a ``POST /calls`` body makes (its checks come with its parameters;
+    at most the batch's limit, at least one)."""
     calls = body.get("calls") if isinstance(body, dict) else None
-    return max(1, min(len(calls), 8)) if isinstance(calls, list) else 1
+    return max(1, min(len(calls), MAX_CALLS)) if isinstance(calls, list) else 1
 
 
 _IN_PROCESS = Caller()
@@ -353,19 +354,19 @@ class Api:
                     return refused
             query = (dict(parse_qsl(request.query_string, keep_blank_values=True))
                      if request.query_string else {})
-            ctx = Context(services=self._services, path=path_params, query=query, body=body,
-                          caller=caller, request_id=request_id,
-                          idempotency_key=headers.get("idempotency-key"), headers=headers,
+            args = validate(row.params, " ".join(row.cli), path_params, query, headers, body)
+            ctx = Context(services=self._services, caller=caller, request_id=request_id,
+                          headers=headers,
                           gone=request.connection.gone if request.connection else None)
             if tracing.TRACER is not None and "traceparent" in headers:
                 # the caller's trace: a call's spans are its children
                 token = tracing.attach(headers)
                 try:
-                    reply = await HANDLERS[row.handler](ctx)
+                    reply = await HANDLERS[row.handler](ctx, args)
                 finally:
                     tracing.detach(token)
             else:
-                reply = await HANDLERS[row.handler](ctx)
+                reply = await HANDLERS[row.handler](ctx, args)
         except USER_CODE_FAILURES as exc:  # every failure (a plugin's SystemExit too)
             # becomes a problem+json answer, never the daemon's end
             response = _problem_for(exc, request.path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -14,17 +14,36 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from capd.recovery import JOB_STATES, Job, JobQueue, RecoveryError
-from capd.registry import CALL_EVENTS, SAFETY_LEVELS, CallerHost, Capability, UnknownCapability
+from capd.registry import CALL_EVENTS, CallerHost, Capability, UnknownCapability
 
+from .._args import Params
 from .._errors import (
     BadRequest,
     ExportConflict,
     Forbidden,
-    InvalidTimeout,
     UnknownProfile,
     validator_exit,
 )
-from .._table import PROVIDER_FORMATS, command
+from .._table import (
+    CallIn,
+    CallItem,
+    CallManyIn,
+    ConsentGrantIn,
+    ExportIn,
+    GrantIn,
+    HostIn,
+    JobIn,
+    ListIn,
+    PreflightIn,
+    PurgeIn,
+    QueueListIn,
+    RecheckIn,
+    RecheckToolIn,
+    SearchIn,
+    SessionIn,
+    ShowIn,
+    command,
+)
 from .._views import (
     capsule,
     disabled_reason,
@@ -47,7 +66,7 @@ from ._grant import resolve
 from ._json import Unencodable, dumps
 from ._offer_handlers import OFFER_HANDLERS
 from ._problems import problem_body
-from ._services import CallResult, ConsentBook, Context, Reply, Services
+from ._services import CallResult, ConsentBook, Context, Handler, Reply, Services
 from ._streams import NDJSON, answer_kinds, wants_stream
 from ._token_handlers import TOKEN_HANDLERS
 
@@ -64,33 +83,7 @@ def iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _flag(ctx: Context, name: str) -> bool:
-    return _truth(ctx.query.get(name, ""), f"query parameter {name!r}")
-
-
-def _truth(raw: str, what: str) -> bool:
-    value = raw.lower()
-    if value in ("", "0", "false", "no"):
-        return False
-    if value in ("1", "true", "yes"):
-        return True
-    raise BadRequest(f"{what} must be true or false, not {value!r}")
-
-
-def _call_timeout(ctx: Context) -> float | None:
-    """The ``Capd-Timeout`` header in seconds (None when absent).
-
-    The gateway checks the range against the capability; a value that is no
-    number is refused here, naming the same limit (which needs the capability).
-    """
-    try:
-        return _timeout_header(ctx)
-    except BadRequest:
-        cap = resolve(ctx.services.registry, ctx.path["name"], ctx.caller.grant)
-        raise InvalidTimeout(cap.name, ctx.headers["capd-timeout"], cap.timeout_s) from None
-
-
-async def health(ctx: Context) -> Reply:
+async def health(ctx: Context, _: Params) -> Reply:
     """Overall status from cached results: never waits on a probe or a reload."""
     d = ctx.services
     snap = d.registry.snapshot()
@@ -246,26 +239,23 @@ def _disk_health(queue: JobQueue, status: str, notes: list[str],
     return status, notes
 
 
-async def livez(ctx: Context) -> Reply:
+async def livez(ctx: Context, _: Params) -> Reply:
     """200 while the process serves requests."""
     return Reply(200, {"status": "pass"})
 
 
-async def readyz(ctx: Context) -> Reply:
+async def readyz(ctx: Context, _: Params) -> Reply:
     """200 when ready, 503 while starting or draining."""
     ready = ctx.services.state == "ready"
     return Reply(200 if ready else 503, {"status": "pass" if ready else "fail",
                                          "state": ctx.services.state})
 
 
-async def list_caps(ctx: Context) -> Reply:
+async def list_caps(ctx: Context, a: ListIn) -> Reply:
     """Capsules of every capability, optionally filtered by state or tag."""
     snap = ctx.services.registry.snapshot()
-    state = ctx.query.get("state")
-    if state not in (None, "live", "disabled"):
-        raise BadRequest(f"state must be 'live' or 'disabled', not {state!r}")
-    tag = ctx.query.get("tag")
-    visible, host = _visible(ctx), _caller_host(ctx)
+    state, tag = a.state, a.tag
+    visible, host = _visible(ctx), _caller_host(a)
     left_out: dict[str, str] = {}
 
     def seen(cap: Capability) -> bool:
@@ -282,8 +272,7 @@ async def list_caps(ctx: Context) -> Reply:
     items = [i for i in items if (state is None or i["state"] == state)
              and (tag is None or tag in i["tags"])]
     items.sort(key=lambda i: i["name"])
-    offset = _int(ctx, "cursor", 0)
-    limit = _int(ctx, "limit", 1000)
+    offset, limit = _cursor(a.cursor), a.limit
     page = items[offset:offset + limit]
     more = offset + limit < len(items)
     body: dict[str, Any] = {"capabilities": page, "counts": counts,
@@ -293,22 +282,14 @@ async def list_caps(ctx: Context) -> Reply:
     return Reply(200, body)
 
 
-def _caller_host(ctx: Context) -> CallerHost | None:
-    """What the caller says its host has (``host_os``, ``host_gui``, ``host_tokens``,
-    ``host_scm``); None when it says nothing."""
-    query = ctx.query
-    if not any(key in query for key in ("host_os", "host_gui", "host_tokens", "host_scm")):
+def _caller_host(a: HostIn) -> CallerHost | None:
+    """What the caller says its host has; None when it says nothing."""
+    if not a.model_fields_set & {"host_os", "host_gui", "host_tokens", "host_scm"}:
         return None
-    gui = query.get("host_gui")
-    if gui not in (None, "", "true", "false"):
-        raise BadRequest("host_gui must be true or false")
-    tokens = query.get("host_tokens")
-    scm = query.get("host_scm")
-    return CallerHost(
-        os=query.get("host_os") or None, gui=None if not gui else gui == "true",
-        tokens=frozenset(t for t in (tokens or "").split(",") if t),
-        tokens_known=tokens is not None,
-        scm=None if scm is None else tuple(s for s in scm.split(",") if s))
+    return CallerHost(os=a.host_os or None, gui=a.host_gui,
+                      tokens=frozenset(a.host_tokens or ()),
+                      tokens_known=a.host_tokens is not None,
+                      scm=None if a.host_scm is None else tuple(a.host_scm))
 
 
 def _runs_for(cap: Capability, host: CallerHost | None, left_out: dict[str, str]) -> bool:
@@ -329,17 +310,14 @@ def _visible(ctx: Context) -> Callable[[Capability], bool]:
     return lambda cap: policy.visible(caller, cap)
 
 
-def _int(ctx: Context, name: str, default: int) -> int:
-    raw = ctx.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise BadRequest(f"{name} must be a whole number, not {raw!r}") from exc
-    if value < 0:
-        raise BadRequest(f"{name} must not be negative")
-    return value
+def _cursor(cursor: str | None) -> int:
+    """A page's offset from the ``next_cursor`` the previous page answered."""
+    if not cursor:
+        return 0
+    if not cursor.isdigit():
+        raise BadRequest(f"cursor {cursor!r} is no next_cursor capd answered; leave it out "
+                         "for the first page")
+    return int(cursor)
 
 
 MAX_QUERY_BYTES = 1024
@@ -351,13 +329,12 @@ DEFAULT_K = {"inner": 3, "outer": 8}
 """How many results a search answers by default, by the latency class it asks for."""
 
 
-async def search(ctx: Context) -> Reply:
+async def search(ctx: Context, a: SearchIn) -> Reply:
     """Hybrid (BM25 + semantic) search over capsules, with a confidence; disabled ones only
     when asked, with why; ``explain=true`` says which terms and neighbours matched."""
     d = ctx.services
     registry = d.registry
-    query = ctx.query.get("q", "")
-    tags = [t for t in ctx.query.get("tag", "").split(",") if t]
+    query, tags = a.query, a.tags
     if not query.strip() and not tags:
         raise BadRequest("search needs a query (q=...) or a tag")
     if len(query.encode()) > MAX_QUERY_BYTES or len(query.split()) > MAX_QUERY_WORDS \
@@ -365,18 +342,12 @@ async def search(ctx: Context) -> Reply:
         raise BadRequest(f"a search query holds at most {MAX_QUERY_WORDS} words and "
                          f"{MAX_QUERY_BYTES} bytes, and at most {MAX_QUERY_TAGS} tags: "
                          "say what the tool should do in a sentence")
-    include_disabled = _flag(ctx, "include_disabled")
-    explain = _flag(ctx, "explain")
-    latency = ctx.query.get("latency_class") or None
-    if latency not in (None, "inner", "outer", "both"):
-        raise BadRequest("latency_class must be inner, outer or both")
+    include_disabled, explain, latency, safety = (a.include_disabled, a.explain,
+                                                  a.latency_class, a.safety)
     # the tiers' K: a fast inner loop looks at 3, an outer one weighs 8
-    k = max(1, min(_int(ctx, "k", DEFAULT_K.get(latency or "", 5)), 100))
-    safety = ctx.query.get("safety") or None
-    if safety is not None and safety not in SAFETY_LEVELS:
-        raise BadRequest(f"safety must be one of {', '.join(SAFETY_LEVELS)}, not {safety!r}")
+    k = a.k or DEFAULT_K.get(latency or "", 5)
     live = registry.live_view()
-    seen, host = _visible(ctx), _caller_host(ctx)
+    seen, host = _visible(ctx), _caller_host(a)
     left_out: dict[str, str] = {}
 
     def allowed(name: str) -> bool:
@@ -414,14 +385,12 @@ async def search(ctx: Context) -> Reply:
     return Reply(200, body)
 
 
-async def show(ctx: Context) -> Reply:
+async def show(ctx: Context, a: ShowIn) -> Reply:
     """The full manifest of one capability."""
     registry = ctx.services.registry
-    cap = resolve(registry, ctx.path["name"], ctx.caller.grant)  # hidden: as if unknown
-    form = ctx.query.get("format") or None
+    cap = resolve(registry, a.id, ctx.caller.grant)  # hidden: as if unknown
+    form = a.format
     if form is not None:
-        if form not in PROVIDER_FORMATS:
-            raise BadRequest(f"format must be {', '.join(PROVIDER_FORMATS)}, not {form!r}")
         try:
             return Reply(200, provider_tool(cap, form))
         except ValueError as exc:
@@ -439,15 +408,10 @@ async def show(ctx: Context) -> Reply:
     return Reply(200, body)
 
 
-async def export(ctx: Context) -> Reply:
+async def export(ctx: Context, a: ExportIn) -> Reply:
     """Every capability's tool definition in one provider's format (a policy profile's
     only, with ``profile``); what cannot be rendered is listed under ``skipped``."""
-    form = ctx.query.get("format") or ""
-    if form not in PROVIDER_FORMATS:
-        raise BadRequest(f"format must be {', '.join(PROVIDER_FORMATS)}"
-                         + (f", not {form!r}" if form else
-                            " (capd export --format openai, or ?format=openai)"))
-    profile = ctx.query.get("profile") or None
+    form, profile = a.format, a.profile or None
     policy = ctx.services.policy
     grant = ctx.caller.grant
     if profile is not None and grant.restricted:  # another's profile is not its to read
@@ -458,7 +422,7 @@ async def export(ctx: Context) -> Reply:
         raise UnknownProfile(profile, list(policy.profile_names))
     snap = ctx.services.registry.snapshot()
     caps = list(snap.live.values())
-    if _flag(ctx, "include_disabled"):
+    if a.include_disabled:
         caps += [entry.capability for entry in snap.disabled.values()]
     seen = _visible(ctx)
     chosen = sorted((c for c in caps if seen(c)
@@ -488,13 +452,9 @@ _CALL_STATUS = {"success": 200, "partial": 200, "error_transient": 503, "error_p
 """The HTTP status of each result state (202 instead when the call was queued)."""
 
 
-def _scoped_key(ctx: Context) -> str | None:
-    """The ``Idempotency-Key``, in its caller's name space: an agent's keys (by uid and
-    grant) never meet another caller's, so none can claim, or learn of, another's job."""
-    return _scoped(ctx, ctx.idempotency_key)
-
-
 def _scoped(ctx: Context, key: str | None) -> str | None:
+    """An ``Idempotency-Key``, in its caller's name space: an agent's keys (by uid and
+    grant) never meet another caller's, so none can claim, or learn of, another's job."""
     tag = ctx.caller.grant.tag
     if key is None or tag is None:
         return key
@@ -503,39 +463,24 @@ def _scoped(ctx: Context, key: str | None) -> str | None:
     return f"{tag}:{ctx.caller.uid}:{key}"
 
 
-MAX_CALLS = 8
-"""How many calls ``POST /calls`` runs at once."""
-
-
-async def call_many(ctx: Context) -> Reply:
+async def call_many(ctx: Context, a: CallManyIn) -> Reply:
     """Run up to :data:`MAX_CALLS` calls at once, each through the whole call path as this
     caller; answer every one in order, each as it would have been answered alone."""
-    body = ctx.body if isinstance(ctx.body, dict) else {}
-    calls = body.get("calls")
-    if not isinstance(calls, list) or not 1 <= len(calls) <= MAX_CALLS:
-        raise BadRequest(f'send {{"calls": [{{"capability": NAME, "params": {{...}}}}, ...]}} '
-                         f"with 1 to {MAX_CALLS} calls")
-    for index, item in enumerate(calls):
-        if not isinstance(item, dict) or not isinstance(item.get("capability"), str) or \
-                not isinstance(item.get("params", {}), dict) or \
-                not isinstance(item.get("idempotency_key", ""), str):
-            raise BadRequest(f"calls[{index}] must be an object with capability (a name), "
-                             "params (an object) and, if any, idempotency_key (a string)")
-    gateway, timeout_s = ctx.services.gateway, _timeout_header(ctx)
+    gateway = ctx.services.gateway
 
-    async def one(index: int, item: dict[str, Any]) -> dict[str, Any]:
+    async def one(index: int, item: CallItem) -> dict[str, Any]:
         try:
             result = await gateway.dispatch(
-                item["capability"], item.get("params", {}), ctx.caller,
+                item.capability, item.params, ctx.caller,
                 request_id=f"{ctx.request_id}.{index}",
-                idempotency_key=_scoped(ctx, item.get("idempotency_key")), timeout_s=timeout_s)
+                idempotency_key=_scoped(ctx, item.idempotency_key), timeout_s=a.timeout_s)
         except Exception as exc:  # each call answers what it would have alone
-            status, problem = problem_body(exc, ctx.path.get("name", "/calls"))
+            status, problem = problem_body(exc, f"/call/{item.capability}")
             return {"http_status": status, "problem": problem}
         reply = _call_reply(result)
         return {"http_status": reply.status, "tool_result": orjson.loads(reply.body)}
 
-    results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
+    results = await asyncio.gather(*(one(i, c) for i, c in enumerate(a.calls)))
     return Reply(200, {"results": results})
 
 
@@ -546,30 +491,14 @@ def _relevance(score: float) -> float:
     return round(min(1.0, max(0.0, score)), 2)
 
 
-def _timeout_header(ctx: Context) -> float | None:
-    raw = ctx.headers.get("capd-timeout")
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise BadRequest(f"Capd-Timeout {raw!r} is not a number of seconds") from None
-
-
-async def call(ctx: Context) -> Reply:
+async def call(ctx: Context, a: CallIn) -> Reply:
     """Dispatch a call; the HTTP status follows the result's state. Asked for a stream
     (``Accept: application/x-ndjson``), a call that has something to say before it
     answers streams it (``_streams.py``)."""
-    params = ctx.body if ctx.body is not None else {}
-    if not isinstance(params, dict):
-        raise BadRequest("the request body must be a JSON object of parameters")
     dispatch = ctx.services.gateway.dispatch(
-        ctx.path["name"], params, ctx.caller, request_id=ctx.request_id,
-        idempotency_key=_scoped_key(ctx), timeout_s=_call_timeout(ctx),
-        run_disabled=("capd-run-disabled" in ctx.headers
-                      and _truth(ctx.headers["capd-run-disabled"],
-                                 "the Capd-Run-Disabled header")),
-    )
+        a.id, a.arguments, ctx.caller, request_id=ctx.request_id,
+        idempotency_key=_scoped(ctx, a.idempotency_key), timeout_s=a.timeout_s,
+        run_disabled=a.run_disabled)
     if not wants_stream(ctx.headers):
         return _call_reply(await dispatch)
     stream = ctx.services.streams.open(ctx.caller, answer_kinds(ctx.headers))
@@ -649,12 +578,12 @@ def _shown(ctx: Context) -> Callable[[str], bool]:
     return lambda name: grant.reaches(registry, name)
 
 
-async def recheck(ctx: Context) -> Reply:
+async def recheck(ctx: Context, a: RecheckIn) -> Reply:
     """Re-probe a capability's missing tools (cooldown applies unless forced); an agent
     only one inside its grant (anything else is unknown to it), never forced, and it
     hears only of the capabilities its grant reaches."""
-    cap = resolve(ctx.services.registry, ctx.path["name"], ctx.caller.grant)
-    force = _flag(ctx, "force")
+    cap = resolve(ctx.services.registry, a.id, ctx.caller.grant)
+    force = a.force
     if force and ctx.caller.grant.role != "operator":
         raise Forbidden("recheck --force (past the probe cooldown) is for operators only; "
                         "without it the last probe within the cooldown answers")
@@ -662,19 +591,19 @@ async def recheck(ctx: Context) -> Reply:
     return Reply(200, _capability_view(outcome, _shown(ctx)))
 
 
-async def recheck_tool(ctx: Context) -> Reply:
+async def recheck_tool(ctx: Context, a: RecheckToolIn) -> Reply:
     """Re-probe one tool and restore every capability it unblocks."""
-    outcome = await ctx.services.rechecker.recheck_tool(ctx.path["tool"], force=_flag(ctx, "force"))
+    outcome = await ctx.services.rechecker.recheck_tool(a.tool, force=a.force)
     return Reply(200, _tool_view(outcome, _shown(ctx)))
 
 
-async def reload(ctx: Context) -> Reply:
+async def reload(ctx: Context, _: Params) -> Reply:
     """Run (or join) a full reload and answer when it is done."""
     outcome = await ctx.services.reloader.reload()
     return Reply(200 if outcome.ok else 500, outcome.model_dump(mode="json"))
 
 
-async def whoami(ctx: Context) -> Reply:
+async def whoami(ctx: Context, _: Params) -> Reply:
     """Who the daemon takes the caller for, and what the bridge may offer it."""
     caller, grant = ctx.caller, ctx.caller.grant
     narrowing = grant.narrowing
@@ -694,7 +623,7 @@ async def whoami(ctx: Context) -> Reply:
     })
 
 
-async def status(ctx: Context) -> Reply:
+async def status(ctx: Context, _: Params) -> Reply:
     """Registry, reload, recheck and call statistics."""
     d = ctx.services
     snap = d.registry.snapshot()
@@ -761,54 +690,44 @@ def _job_view(job: Job, ctx: Context | None = None) -> dict[str, Any]:
     return view
 
 
-async def queue_list(ctx: Context) -> Reply:
+async def queue_list(ctx: Context, a: QueueListIn) -> Reply:
     """Jobs, newest first, optionally in one state."""
-    try:
-        limit = int(ctx.query.get("limit", "100"))
-    except ValueError as exc:
-        raise BadRequest("limit must be a whole number") from exc
-    state = ctx.query.get("state") or None
+    state = a.state or None
     if state is not None and state not in JOB_STATES:
         raise BadRequest(f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
-    jobs = await _queue(ctx).list_jobs(state, limit=max(1, min(limit, 1000)))
+    jobs = await _queue(ctx).list_jobs(state, limit=a.limit)
     return Reply(200, {"jobs": [_job_view(j, ctx) for j in jobs]})
 
 
-async def queue_show(ctx: Context) -> Reply:
+async def queue_show(ctx: Context, a: JobIn) -> Reply:
     """One job with its audit trail."""
     queue = _queue(ctx)
-    job = await queue.get(ctx.path["id"])
+    job = await queue.get(a.id)
     trail = await queue.attempts(job.id)
     # "attempts" is the job's try count; its audit trail is "trail"
     return Reply(200, {**_job_view(job, ctx), "trail": [a.model_dump(mode="json")
                                                         for a in trail]})
 
 
-async def queue_retry(ctx: Context) -> Reply:
+async def queue_retry(ctx: Context, a: JobIn) -> Reply:
     """Make a parked or dead job due now (the audit trail says who asked)."""
-    job = await _queue(ctx).operator_retry(ctx.path["id"], actor=actor(ctx.caller))
+    job = await _queue(ctx).operator_retry(a.id, actor=actor(ctx.caller))
     return Reply(200, _job_view(job))
 
 
-async def queue_cancel(ctx: Context) -> Reply:
+async def queue_cancel(ctx: Context, a: JobIn) -> Reply:
     """Cancel a job that is not running (the audit trail says who asked)."""
-    return Reply(200, _job_view(await _queue(ctx).cancel(ctx.path["id"],
-                                                         actor=actor(ctx.caller))))
+    return Reply(200, _job_view(await _queue(ctx).cancel(a.id, actor=actor(ctx.caller))))
 
 
-async def queue_purge(ctx: Context) -> Reply:
+async def queue_purge(ctx: Context, a: PurgeIn) -> Reply:
     """Delete finished jobs of one state older than a duration."""
-    state = ctx.query.get("state")
-    if not state:
-        raise BadRequest("purge needs a state (done, partial, dead or cancelled)")
-    if state not in JOB_STATES:
-        raise BadRequest(f"unknown state {state!r}; purge takes done, partial, dead or cancelled")
-    older = parse_duration(ctx.query.get("older_than", "7d"))
-    purged = await _queue(ctx).purge(state, older)
-    return Reply(200, {"purged": purged, "state": state, "older_than_s": older})
+    older = parse_duration(a.older_than)
+    purged = await _queue(ctx).purge(a.state, older)
+    return Reply(200, {"purged": purged, "state": a.state, "older_than_s": older})
 
 
-async def queue_stats(ctx: Context) -> Reply:
+async def queue_stats(ctx: Context, _: Params) -> Reply:
     """Counts by state, oldest pending age, next due time, sweep outcomes."""
     queue = _queue(ctx)
     stats = await queue.stats()
@@ -818,7 +737,7 @@ async def queue_stats(ctx: Context) -> Reply:
                        "group_commit": {"batches": queue.batches, "jobs": queue.batched_jobs}})
 
 
-async def metrics(ctx: Context) -> Reply:
+async def metrics(ctx: Context, _: Params) -> Reply:
     """Prometheus text exposition."""
     from ._metrics import CONTENT_TYPE
 
@@ -836,14 +755,8 @@ def _consent_book(ctx: Context) -> ConsentBook:
     return book
 
 
-async def preflight(ctx: Context) -> Reply:
+async def preflight(ctx: Context, a: PreflightIn) -> Reply:
     """Check a plan of calls in one round trip: consent still needed, refusals and why."""
-    body = ctx.body if isinstance(ctx.body, dict) else None
-    calls = body.get("calls") if body is not None else None
-    if not isinstance(calls, list) or not calls:
-        raise BadRequest('send {"calls": [{"capability": "...", "params": {...}}, ...]}')
-    if len(calls) > 1000:
-        raise BadRequest("a plan holds at most 1000 calls; check it in parts")
     services = ctx.services
     registry = services.registry
     policy = services.policy
@@ -851,7 +764,7 @@ async def preflight(ctx: Context) -> Reply:
     needed: list[str] = []
     refused: list[dict[str, Any]] = []
     ready: list[int] = []
-    for index, item in enumerate(calls):
+    for index, item in enumerate(a.calls):
         name = item.get("capability") if isinstance(item, dict) else None
         params = item.get("params", {}) if isinstance(item, dict) else None
         if not isinstance(name, str) or not isinstance(params, dict):
@@ -904,19 +817,15 @@ def _params_problems(cap: Capability, params: dict[str, Any]) -> list[dict[str, 
     return []
 
 
-async def consent_grant(ctx: Context) -> Reply:
+async def consent_grant(ctx: Context, a: ConsentGrantIn) -> Reply:
     """Grant consent for operations (the operator's surface)."""
-    body = ctx.body if isinstance(ctx.body, dict) else {}
-    raw = body.get("operations")
-    operations = (raw.replace(",", " ").split() if isinstance(raw, str) else
-                  [str(o) for o in raw] if isinstance(raw, list) else [])
+    operations = [op for item in a.operations for op in item.replace(",", " ").split()]
     if not operations:
         raise BadRequest("name the operations to grant, e.g. vault.write")
-    ttl_text = body.get("ttl") or "1h"
-    ttl_s = parse_duration(str(ttl_text))
+    ttl_s = parse_duration(a.ttl)
     if ttl_s <= 0:
         raise BadRequest("the TTL must be positive, e.g. 30m or 1h")
-    session = body.get("session") or None
+    session = a.session or None
     grant = _consent_book(ctx).grant(operations, ttl_s=ttl_s, session=session,
                                      granted_by_uid=ctx.caller.uid)
     log.info("consent_granted", grant=grant.id, operations=operations, session=session,
@@ -924,33 +833,31 @@ async def consent_grant(ctx: Context) -> Reply:
     return Reply(200, grant.view(time.time()))
 
 
-async def consent_list(ctx: Context) -> Reply:
+async def consent_list(ctx: Context, _: Params) -> Reply:
     """Live consent grants."""
     now = time.time()
     return Reply(200, {"grants": [g.view(now) for g in _consent_book(ctx).live()]})
 
 
-async def consent_revoke(ctx: Context) -> Reply:
+async def consent_revoke(ctx: Context, a: GrantIn) -> Reply:
     """Revoke one grant."""
-    grant = _consent_book(ctx).revoke(ctx.path["id"])  # UnknownGrant: 404
+    grant = _consent_book(ctx).revoke(a.id)  # UnknownGrant: 404
     log.info("consent_revoked", grant=grant.id, by_uid=ctx.caller.uid)
     return Reply(200, {"revoked": grant.view(time.time())})
 
 
-async def sessions_list(ctx: Context) -> Reply:
+async def sessions_list(ctx: Context, _: Params) -> Reply:
     """Sessions loop detection is counting."""
     return Reply(200, {"sessions": ctx.services.policy.loops.sessions()})
 
 
-async def sessions_reset(ctx: Context) -> Reply:
+async def sessions_reset(ctx: Context, a: SessionIn) -> Reply:
     """Forget one session's loop counts."""
-    session = ctx.path["session"]
+    session = a.session
     known = ctx.services.policy.loops.reset(session)
     log.info("session_reset", session=session, known=known, by_uid=ctx.caller.uid)
     return Reply(200, {"session": session, "reset": known})
 
-
-Handler = Callable[[Context], Awaitable[Reply]]
 
 HANDLERS: dict[str, Handler] = {
     "agent_resolve": agent_resolve,

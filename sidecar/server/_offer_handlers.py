@@ -26,9 +26,11 @@ from capd.registry import (
     contents_as_json,
 )
 
+from .._args import Params
 from .._errors import BadRequest, UpstreamFailed
+from .._table import AnswerIn, PromptGetIn, ResourceReadIn
 from ._grant import Grant
-from ._services import Context, Reply
+from ._services import Context, Handler, Reply
 
 
 class Offer(NamedTuple):
@@ -51,13 +53,13 @@ async def _listed(ctx: Context, kind: str) -> list[dict[str, Any]]:
             if _inside(grant, upstream, str(item.get("name", "")))]
 
 
-async def resources(ctx: Context) -> Reply:
+async def resources(ctx: Context, _: Params) -> Reply:
     """Every upstream's resources and resource templates inside the caller's grant."""
     return Reply(200, {"resources": await _listed(ctx, "resources"),
                        "templates": await _listed(ctx, "templates")})
 
 
-async def prompts(ctx: Context) -> Reply:
+async def prompts(ctx: Context, _: Params) -> Reply:
     """Every upstream's prompts inside the caller's grant."""
     return Reply(200, {"prompts": await _listed(ctx, "prompts")})
 
@@ -67,12 +69,9 @@ def _hidden(what: str) -> UnknownOffer:
                         "GET /prompts")
 
 
-async def resource_read(ctx: Context) -> Reply:
+async def resource_read(ctx: Context, a: ResourceReadIn) -> Reply:
     """Read one resource (``{"uri": "capd://<prefix>/<uri>"}``)."""
-    body = ctx.body if isinstance(ctx.body, dict) else {}
-    uri = body.get("uri")
-    if not isinstance(uri, str) or not uri:
-        raise BadRequest('send {"uri": "capd://<server prefix>/<uri>"} (see GET /resources)')
+    uri = a.uri
     if len(uri) > MAX_URI_CHARS:
         raise BadRequest(f"a resource uri holds at most {MAX_URI_CHARS} characters; name "
                          "the resource as listed")
@@ -165,13 +164,9 @@ def _specificity(template: str) -> tuple[int, int]:
     return literal, -len(expressions)
 
 
-async def prompt_get(ctx: Context) -> Reply:
+async def prompt_get(ctx: Context, a: PromptGetIn) -> Reply:
     """Get one prompt with its arguments (a JSON object of strings)."""
-    name = ctx.path["prompt"]
-    arguments = ctx.body if ctx.body is not None else {}
-    if not isinstance(arguments, dict) or not all(
-            isinstance(v, str) for v in arguments.values()):
-        raise BadRequest("a prompt's arguments are a JSON object of strings")
+    name, arguments = a.prompt, a.arguments
     try:
         upstream, own = ctx.services.upstreams.prompt_server(name)
     except UnknownOffer:
@@ -206,23 +201,23 @@ def _said(exc: Exception) -> str:
     return str(message) if message else f"{type(exc).__name__}: {exc}"
 
 
-async def call_answer(ctx: Context) -> Reply:
+async def call_answer(ctx: Context, a: AnswerIn) -> Reply:
     """Answer a question a server asked during a streamed call (see ``_streams.py``)."""
-    stream = ctx.services.streams.of(ctx.path["call"], ctx.caller)
+    stream = ctx.services.streams.of(a.call, ctx.caller)
     if stream is None:
-        raise UnknownOffer(f"no streamed call {ctx.path['call']!r} of yours is running; "
+        raise UnknownOffer(f"no streamed call {a.call!r} of yours is running; "
                            "a question is answered while its call streams")
     try:
-        stream.answer(ctx.path["question"], ctx.body)
+        stream.answer(a.question, a.answer)
     except KeyError:
-        raise UnknownOffer(f"call {ctx.path['call']} asks no question {ctx.path['question']!r} "
+        raise UnknownOffer(f"call {a.call} asks no question {a.question!r} "
                            "now (answered already, or never asked)") from None
     except TypeError as exc:
         raise BadRequest(str(exc)) from exc
-    return Reply(200, {"answered": ctx.path["question"]})
+    return Reply(200, {"answered": a.question})
 
 
-OFFER_HANDLERS = {
+OFFER_HANDLERS: dict[str, Handler] = {
     "resources": resources,
     "resource_read": resource_read,
     "prompts": prompts,

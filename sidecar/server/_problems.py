@@ -31,6 +31,7 @@ from .._errors import (
     Draining,
     ExportConflict,
     Forbidden,
+    InvalidArguments,
     InvalidParams,
     InvalidTimeout,
     SearchUnavailable,
@@ -57,6 +58,8 @@ def problem_body(exc: Exception, path: str) -> tuple[int, dict[str, Any]]:
             return _p(400, "Bad Request", str(exc))
         case Forbidden():
             return _p(403, "Forbidden", str(exc))
+        case InvalidArguments():
+            return _p(422, "Invalid Arguments", str(exc), errors=exc.errors)
         case InvalidParams():
             return _p(422, "Invalid Parameters", str(exc), errors=exc.errors)
         case InvalidTimeout():

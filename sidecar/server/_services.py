@@ -10,7 +10,7 @@ the sidecar, so no import circle can pass through it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -96,12 +96,8 @@ class Context:
     """One request as a handler sees it."""
 
     services: Services
-    path: dict[str, str]
-    query: dict[str, str]
-    body: Any
     caller: Caller
     request_id: str
-    idempotency_key: str | None = None
     # The request's headers, lower-cased names (``capd-timeout``, ``capd-run-disabled``).
     headers: Mapping[str, str] = field(default_factory=dict)
     # An event set when the client goes away (None in process): a streamed call stops.
@@ -118,6 +114,10 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     # A body written as it is made (a streamed call: ``_streams.py``); ``body`` unused.
     stream: Any = None
+
+
+Handler = Callable[[Context, Any], Awaitable[Reply]]
+"""What an operator row's handler is: the request's context and the row's parameters."""
 
 
 class CallResult(Protocol):

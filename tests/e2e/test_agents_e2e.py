@@ -164,7 +164,8 @@ def test_unknown_capabilities_exit_1_naming_each(daemon: DaemonProcess) -> None:
     assert unknown.returncode == 1
     assert "unknown agent 'reviewr' (did you mean 'reviewer'?)" in unknown.stderr
     assert daemon.call("GET", "/agents/reviewr/resolve").status == 404
-    assert daemon.call("GET", "/agents/reviewer/resolve?format=yaml").status == 400
+    bad_format = daemon.call("GET", "/agents/reviewer/resolve?format=yaml")
+    assert (bad_format.status, bad_format.body["errors"][0]["loc"]) == (422, ["format"])
 
 
 def test_list_and_show(daemon: DaemonProcess) -> None:

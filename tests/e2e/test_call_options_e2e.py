@@ -137,10 +137,10 @@ def test_a_call_timeout_header_shortens_the_capabilitys_own(opt: DaemonProcess) 
     assert (ok.status, ok.body["result"]) == (200, "rested")
 
 
-@pytest.mark.parametrize("value", ["9", "5.01", "0", "-1", "soon", "nan", "inf"])
-def test_a_call_timeout_above_the_limit_or_malformed_is_422_naming_it(
+@pytest.mark.parametrize("value", ["9", "5.01"])
+def test_a_call_timeout_above_the_limit_is_422_naming_it(
         opt: DaemonProcess, value: str) -> None:
-    """A Capd-Timeout that is no number, not above 0, or over timeout_s: 422 naming the limit."""
+    """A Capd-Timeout over the capability's timeout_s: 422 naming the limit."""
     refused = call(opt, "opt.nap", {}, Capd_Timeout=value)
     assert refused.status == 422
     assert refused.content_type.startswith("application/problem+json")
@@ -149,9 +149,16 @@ def test_a_call_timeout_above_the_limit_or_malformed_is_422_naming_it(
     assert "at most 5" in refused.body["detail"]
 
 
-def test_a_malformed_timeout_for_an_unknown_capability_is_404(opt: DaemonProcess) -> None:
-    """The limit belongs to a capability: with none by that name the answer is 404."""
-    assert call(opt, "opt.napp", {}, Capd_Timeout="soon").status == 404
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf"])
+def test_a_malformed_call_timeout_is_422_naming_the_header(
+        opt: DaemonProcess, value: str) -> None:
+    """A Capd-Timeout that is no number or not above 0 is refused naming the header,
+    whatever the capability (one by that name or none)."""
+    for name in ("opt.nap", "opt.napp"):
+        refused = call(opt, name, {}, Capd_Timeout=value)
+        assert (refused.status, refused.body["title"]) == (422, "Invalid Arguments")
+        assert refused.body["errors"][0]["loc"] == ["Capd-Timeout"]
+        assert refused.body["detail"].startswith("Capd-Timeout: ")
 
 
 def test_the_cli_timeout_option_sends_the_header(opt: DaemonProcess) -> None:
@@ -194,9 +201,10 @@ def test_run_disabled_rechecks_first(opt: DaemonProcess, short_tmp: Path) -> Non
     assert opt.call("GET", "/capabilities/opt.offline_read").body["state"] == "live"
 
 
-def test_a_malformed_run_disabled_header_is_400(opt: DaemonProcess) -> None:
-    """Capd-Run-Disabled is true or false; anything else is a bad request."""
-    assert call(opt, "opt.offline_read", {}, Capd_Run_Disabled="maybe").status == 400
+def test_a_malformed_run_disabled_header_is_422_naming_it(opt: DaemonProcess) -> None:
+    """Capd-Run-Disabled is true or false; anything else is refused naming the header."""
+    bad = call(opt, "opt.offline_read", {}, Capd_Run_Disabled="maybe")
+    assert (bad.status, bad.body["errors"][0]["loc"]) == (422, ["Capd-Run-Disabled"])
 
 
 def test_a_disabled_write_needs_consent_to_run_anyway(opt: DaemonProcess,
@@ -305,11 +313,12 @@ def test_search_filters_by_safety(opt: DaemonProcess) -> None:
     assert "opt.offline" not in text.stdout
 
 
-def test_an_unknown_safety_filter_is_400(opt: DaemonProcess) -> None:
-    """A safety filter outside the four classes is a bad request naming them."""
+def test_an_unknown_safety_filter_is_422_naming_the_classes(opt: DaemonProcess) -> None:
+    """A safety filter outside the four classes is refused naming them."""
     bad = opt.call("GET", "/search?q=rest&safety=harmless")
-    assert bad.status == 400
-    assert "read_only, writes, destructive, external_side_effects" in bad.body["detail"]
+    assert bad.status == 422
+    assert "'read_only', 'writes', 'destructive' or 'external_side_effects'" in \
+        bad.body["detail"]
 
 
 def test_a_description_over_800_tokens_is_a_load_error_naming_it(short_tmp: Path) -> None:

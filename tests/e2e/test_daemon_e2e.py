@@ -139,7 +139,8 @@ def test_sigterm_drains_a_slow_call(start: Start, short_tmp: Path) -> None:
 
 
 def test_bad_input_gets_clear_errors_and_the_daemon_keeps_serving(start: Start) -> None:
-    """Malformed JSON 400, unknown 404, bad params 422, too big 413, browser 403."""
+    """Malformed JSON 400, unknown 404, bad params or arguments 422, too big 413,
+    browser 403."""
     daemon = start()
     import http.client
 
@@ -156,7 +157,8 @@ def test_bad_input_gets_clear_errors_and_the_daemon_keeps_serving(start: Start) 
 
     cases = [
         (raw("POST", "/call/e2e.echo", b"{not json", {}), 400, "malformed JSON body"),
-        (raw("POST", "/call/e2e.echo", b"[1, 2]", {}), 400, "must be a JSON object"),
+        (raw("POST", "/call/e2e.echo", b"[1, 2]", {}), 422,
+         "arguments: Input should be a valid dictionary"),
         (raw("POST", "/call/e2e.nope", b"{}", {}), 404, "unknown capability 'e2e.nope'"),
         (raw("POST", "/call/e2e.slow", b'{"seconds": "soon"}', {}), 422,
          "invalid parameters for 'e2e.slow': seconds"),
@@ -166,7 +168,8 @@ def test_bad_input_gets_clear_errors_and_the_daemon_keeps_serving(start: Start) 
         (raw("GET", "/health", b"", {"Referer": "http://evil.example/"}), 403, "Origin"),
         (raw("GET", "/no/such/route", b"", {}), 404, "Not Found"),
         (raw("POST", "/recheck-tool/nope", b"", {}), 404, "unknown tool 'nope'"),
-        (raw("POST", "/recheck/e2e.web?force=maybe", b"", {}), 400, "must be true or false"),
+        (raw("POST", "/recheck/e2e.web?force=maybe", b"", {}), 422,
+         "force: Input should be a valid boolean"),
     ]
     for (status, text), expected_status, expected in cases:
         assert status == expected_status, text

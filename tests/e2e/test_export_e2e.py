@@ -99,12 +99,12 @@ def test_bad_requests_say_what_to_do(daemon: DaemonProcess) -> None:
     missing = export(daemon)  # a usage error: the CLI says so itself
     assert missing.returncode == 2
     assert "the following arguments are required: --format" in missing.stderr
-    assert daemon.call("GET", "/export").status == 400  # the API says what to send
-    assert "format must be openai, anthropic, mcp" in daemon.call(
-        "GET", "/export").body["detail"]
+    bare = daemon.call("GET", "/export")  # the API says what to send
+    assert (bare.status, bare.body["errors"][0]["loc"]) == (422, ["format"])
+    assert "format: Field required" in bare.body["detail"]
     answer = daemon.call("GET", "/export?format=gemini")
-    assert answer.status == 400
-    assert "not 'gemini'" in answer.body["detail"]
+    assert answer.status == 422
+    assert "format: Input should be 'openai', 'anthropic' or 'mcp'" in answer.body["detail"]
     unknown = daemon.call("GET", "/export?format=mcp&profile=nobody")
     assert (unknown.status, unknown.body["suggestions"]) == (404, [])
 

@@ -34,7 +34,7 @@ def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
 def test_calls_run_at_once_each_through_the_whole_path(up: Callable[..., DaemonProcess]) -> None:
     """Three one-second calls answer in under 1.5 s, in order; an unknown capability and bad
     parameters are answered in their place as a call alone would be; a write that fails is
-    queued as it would be alone; more than 8 calls is 400."""
+    queued as it would be alone; more than 8 calls is 422."""
     daemon = up()
     started = time.monotonic()
     answer = daemon.call("POST", "/calls", {"calls": [
@@ -55,7 +55,7 @@ def test_calls_run_at_once_each_through_the_whole_path(up: Callable[..., DaemonP
     assert mixed[3]["http_status"] == 202
     assert mixed[3]["tool_result"]["queued"]
     too_many = daemon.call("POST", "/calls", {"calls": [{"capability": "e2e.echo"}] * 9})
-    assert too_many.status == 400
+    assert (too_many.status, too_many.body["errors"][0]["loc"]) == (422, ["calls"])
     cli = subprocess.run([PY, "-m", "capd", "call-many", "--params", json.dumps({"calls": [
         {"capability": "e2e.echo", "params": {"text": "cli"}}]}), "--socket",
         str(daemon.socket), "--json"], capture_output=True, text=True, timeout=60, check=False)

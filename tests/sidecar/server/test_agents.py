@@ -22,6 +22,8 @@ from capd.registry import (
     ToolSpec,
 )
 from capd.sidecar import UnknownAgent, UnresolvedAgent
+from capd.sidecar._args import Params
+from capd.sidecar._table import ResolveIn
 from capd.sidecar.client._mcp import allow_profile
 from capd.sidecar.server import load_config
 from capd.sidecar.server._agents import (
@@ -374,18 +376,17 @@ capabilities = ["notes.search", "git_mcp.*"]
         daemon.registry = registry
         notes = Grant("agent", Profile("notes", ("notes.*",)), bound=True)
 
-        def ctx(uid: int, agent: str | None = None) -> Context:
+        def ctx(uid: int) -> Context:
             grant = notes if uid == 4242 else Grant()
-            return Context(services=daemon, path={"agent": agent} if agent else {}, query={},
-                           body=None, caller=Caller(uid=uid, grant=grant), request_id="t")
+            return Context(services=daemon, caller=Caller(uid=uid, grant=grant), request_id="t")
 
-        bound = await agents_list(ctx(4242))
+        bound = await agents_list(ctx(4242), Params())
         assert [a["agent"] for a in bound.body["agents"]] == ["reader"]
         with pytest.raises(UnknownAgent,
                            match=r"^unknown agent 'releaser' \(did you mean 'reader'\?\)$"):
-            await agent_resolve(ctx(4242, "releaser"))
-        assert (await agent_resolve(ctx(4242, "reader"))).status == 200
-        unbound = await agents_list(ctx(1000))
+            await agent_resolve(ctx(4242), ResolveIn(agent="releaser"))
+        assert (await agent_resolve(ctx(4242), ResolveIn(agent="reader"))).status == 200
+        unbound = await agents_list(ctx(1000), Params())
         assert [a["agent"] for a in unbound.body["agents"]] == ["reader", "releaser"]
     finally:
         daemon.op_executor.shutdown()

@@ -97,7 +97,7 @@ def test_reload_answers_when_done_and_recheck_says_what_came_back(
         assert report["error"] is None
         assert report["generation"] == 1
         assert got["missing"].is_error
-        assert "recheck needs id" in got["missing"].content[0].text
+        assert "id: Field required" in got["missing"].content[0].text
         # the same payload as the CLI's --json (its own run's times aside)
         varying = ("started_at", "duration_s", "finished_at", "generation")
         through_cli = cli_json(daemon, "reload")

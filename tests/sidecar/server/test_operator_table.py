@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from capd.sidecar._args import params_of
 from capd.sidecar._table import COMMANDS, command
 from capd.sidecar.client.cli import LOCAL_COMMANDS, make_parser
 from capd.sidecar.server._api import Api, Router
@@ -48,10 +49,11 @@ def test_every_table_subcommand_takes_json_and_socket() -> None:
     """Each generated subcommand has --json and --socket, and its path parameters."""
     parser = make_parser()
     for row in COMMANDS:
-        positional = [o for o in row.options if o.positional]
-        required = [word for o in row.options if o.required
-                    for word in (o.flags[0], (o.choices or ("x",))[0])]
-        argv = [*row.cli, *(["X"] * (len(row.path_params) + len(positional))), *required,
+        params = [p for p in params_of(row.params) if p.arg.key != "*"]
+        positional = [p for p in params if not p.arg.flags and p.info.is_required()]
+        required = [word for p in params if p.arg.flags and p.info.is_required()
+                    for word in (p.arg.flags[0], (p.choices or ("x",))[0])]
+        argv = [*row.cli, *(["X"] * len(positional)), *required,
                 "--json", "--socket", "/s"]
         args = parser.parse_args(argv)
         assert args.json is True

@@ -129,7 +129,7 @@ def _golden(form: str, name: str) -> Any:
 @pytest.mark.slow
 def test_daemon_serves_each_format(example_daemon: DaemonProcess) -> None:
     """GET /capabilities/notes.append?format=... and `capd show --format` give the golden
-    tool; an unknown format is a 400."""
+    tool; an unknown format is a 422 naming the formats."""
     for form in PROVIDER_FORMATS:
         answer = example_daemon.call("GET", f"/capabilities/notes.append?format={form}")
         assert answer.status == 200, answer.body
@@ -141,8 +141,8 @@ def test_daemon_serves_each_format(example_daemon: DaemonProcess) -> None:
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout) == _golden(form, "notes.append")
     bad = example_daemon.call("GET", "/capabilities/notes.append?format=gemini")
-    assert bad.status == 400, bad.body
-    assert "format must be openai, anthropic, mcp" in json.dumps(bad.body)
+    assert bad.status == 422, bad.body
+    assert "format: Input should be 'openai', 'anthropic' or 'mcp'" in bad.body["detail"]
     manifest = example_daemon.call("GET", "/capabilities/notes.append")
     assert manifest.status == 200
     assert manifest.body["name"] == "notes.append"
