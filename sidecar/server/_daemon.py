@@ -54,7 +54,6 @@ from capd.registry import (
 )
 
 if TYPE_CHECKING:
-    from capd.registry import SearchIndex
 
     from ._config import McpHttpConfig
     from ._mcp_http import FrontDoors
@@ -68,7 +67,6 @@ from ._consent import ConsentStore
 from ._engines import bridge_config
 from ._gateway import Gateway
 from ._generation import Builder, Generation, build_generation
-from ._grant import Grant
 from ._http import HttpServer
 from ._metrics import Metrics
 from ._peers import RateLimiter
@@ -185,21 +183,6 @@ class Daemon:
         return self.generation.policy
 
     @property
-    def health_pending_age_s(self) -> float:
-        """A pending job older than this makes /health warn."""
-        return self.loaded.config.health_pending_age_s
-
-    @property
-    def operator_tools(self) -> list[str]:
-        """The operator commands ``capd mcp`` offers as tools too (``[mcp] operator_tools``)."""
-        return list(self.loaded.config.mcp.operator_tools)
-
-    @property
-    def mcp_tool_set(self) -> str:
-        """The meta tools a front door lists (``[mcp] tools``): brief or full."""
-        return self.loaded.config.mcp.tools
-
-    @property
     def front_door(self) -> dict[str, Any] | None:
         """The HTTP front door serving now, as ``capd status`` shows it (None: none)."""
         return self.front_doors.view() if self.front_doors is not None else None
@@ -212,14 +195,6 @@ class Daemon:
     async def queue_stats(self, max_age_s: float = 1.0) -> QueueStats:
         """The queue's counts, never waited on for long (:meth:`QueueCounts.read`)."""
         return await self._counts.read(max_age_s)
-
-    async def search_index(self, grant: Grant | None = None) -> SearchIndex:
-        """The serving registry's search index, or of what ``grant`` may see."""
-        return await self.search.index(grant)
-
-    def success_boosts(self, max_age_s: float = 1.0) -> Mapping[str, float]:
-        """Each called capability's search boost from its success rate."""
-        return self.search.boosts(max_age_s)
 
     def status_line(self, queued: int | None = None) -> str:
         """The one-line status systemd shows: live, disabled and queued counts."""
@@ -378,7 +353,7 @@ class Daemon:
             tg.create_task(expire_finished_jobs(queue, config.queue_retention_s, stop))
             sweep = tg.create_task(self.sweep.run(stop))
             if self.notifier.enabled:
-                tg.create_task(report_status(self.notifier, self.status_line, self._queued,
+                tg.create_task(report_status(self.notifier, self.status_line, self._counts.waiting,
                                              stop))
                 watchdog = watchdog_interval_s()
                 if watchdog is not None:
@@ -412,16 +387,6 @@ class Daemon:
                 await self.gateway.wait_idle()
         except TimeoutError:
             log.warning("drain_timeout", in_flight=self.gateway.in_flight)
-
-    async def _queued(self) -> int | None:
-        if self.queue is None:
-            return None
-        try:
-            stats = await self.queue.stats()
-        except Exception as exc:  # the health check reports the queue; this only waits
-            log.debug("status_queue_unreadable", error=str(exc))
-            return None
-        return stats.by_state["pending"] + stats.by_state["leased"]
 
     async def _watch_loop_lag(self) -> None:
         interval = self.lag_interval_s

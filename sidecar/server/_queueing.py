@@ -164,6 +164,19 @@ class QueueCounts:
             raise RecoveryError(value)
         return value
 
+    async def waiting(self) -> int | None:
+        """Jobs pending or leased now, for the status line (None: the queue is not open or
+        could not be read; the health check reports that)."""
+        queue = self._queue()
+        if queue is None:
+            return None
+        try:
+            stats = await queue.stats()
+        except Exception as exc:  # the health check reports the queue; this only waits
+            log.debug("status_queue_unreadable", error=str(exc))
+            return None
+        return stats.by_state["pending"] + stats.by_state["leased"]
+
     async def _read(self) -> None:
         queue = self._queue()
         assert queue is not None
