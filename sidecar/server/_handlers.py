@@ -189,7 +189,7 @@ async def _queue_health(d: Services) -> tuple[str, list[str], dict[str, list[dic
         notes.append(f"{stats.by_state['dead']} dead and {stats.by_state['needs_operator']} "
                      "job(s) needing an operator (capd queue list)")
     age = stats.oldest_pending_age_s
-    limit = d.health_pending_age_s
+    limit = d.loaded.config.health_pending_age_s
     if age is not None and age > limit:
         status = "fail" if status == "fail" else "warn"
         notes.append(f"oldest pending job is {age:.0f}s old (threshold {limit:g}s)")
@@ -359,10 +359,10 @@ async def search(ctx: Context, a: SearchIn) -> Reply:
 
     # what the caller may see, ranked as if nothing else existed (the search stack, numpy
     # and all, is imported with it)
-    index = await d.search_index(ctx.caller.grant)
+    index = await d.search.index(ctx.caller.grant)
     ranking = await asyncio.to_thread(  # off the loop: a search costs with its query
         partial(index.rank, query, k=k, tags=tags, latency_class=latency, allowed=allowed,
-                boost=d.success_boosts(), explain=explain))
+                boost=d.search.boosts(), explain=explain))
     snap = registry.snapshot() if include_disabled else None
     results = []
     for hit in ranking.hits:
@@ -607,7 +607,7 @@ async def whoami(ctx: Context, _: Params) -> Reply:
     """Who the daemon takes the caller for, and what the bridge may offer it."""
     caller, grant = ctx.caller, ctx.caller.grant
     narrowing = grant.narrowing
-    offered = [row_id for row_id in ctx.services.operator_tools
+    offered = [row_id for row_id in ctx.services.loaded.config.mcp.operator_tools
                if grant.role in command(row_id).roles]
     return Reply(200, {
         "uid": caller.uid, "gid": caller.gid, "pid": caller.pid,
@@ -619,7 +619,7 @@ async def whoami(ctx: Context, _: Params) -> Reply:
             "label": narrowing.label}),
         "channel": grant.channel, "session": caller.session,
         "restricted": grant.restricted,
-        "mcp": {"operator_tools": offered, "tools": ctx.services.mcp_tool_set},
+        "mcp": {"operator_tools": offered, "tools": ctx.services.loaded.config.mcp.tools},
     })
 
 
@@ -657,7 +657,7 @@ async def status(ctx: Context, _: Params) -> Reply:
         "queue": ((await d.queue.stats()).model_dump(mode="json")
                   if d.queue is not None else None),
         "event_loop_lag_s": round(d.loop_lag_s, 6),
-        "mcp": {"operator_tools": list(d.operator_tools), "http": d.front_door},
+        "mcp": {"operator_tools": list(d.loaded.config.mcp.operator_tools), "http": d.front_door},
         "upstreams": d.upstreams.views(),
         "policy": {"profiles": list(d.policy.profile_names), "recent": list(d.policy.recent)},
     }

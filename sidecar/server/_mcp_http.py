@@ -494,7 +494,7 @@ class FrontDoors:
     serving now keeps serving), then stops the door serving now (its sessions end) and
     starts the new one; an unchanged table changes nothing. A listening socket is kept
     while its address stays the same (each server gets a duplicate of it), so a change of
-    origins or TLS never drops the port. :meth:`run` owns the doors until the daemon stops.
+    origins or TLS never drops the port. :meth:`close` stops them when the daemon stops.
     """
 
     STOP_GRACE_S = 5.0
@@ -542,15 +542,12 @@ class FrontDoors:
         task.add_done_callback(_log_door_failure)
         self._serving = (task, stop)
 
-    async def run(self, daemon_stop: asyncio.Event) -> None:
-        """Hold the doors until the daemon stops, then stop the one serving."""
-        try:
-            await daemon_stop.wait()
-        finally:
-            await self._stop_serving()
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+    async def close(self) -> None:
+        """Stop the door serving (its sessions end) and let go of its address."""
+        await self._stop_serving()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def view(self) -> dict[str, Any] | None:
         """What ``capd status`` shows of the front door (None: there is none)."""

@@ -1,8 +1,8 @@
-"""Full reload: rebuild off to the side, then swap the registry in one assignment.
+"""Full reload: rebuild off to the side, then swap what serves in one assignment.
 
-While a reload runs, the old registry keeps serving ``/health`` and calls; a
-call in flight keeps the registry it started with. A reload that fails leaves
-the old registry in place and reports why. Reloads requested while one runs
+While a reload runs, the old generation keeps serving ``/health`` and calls; a
+call in flight keeps the generation it started with. A reload that fails leaves
+the old one in place and reports why. Reloads requested while one runs
 coalesce into a single follow-up run, so every requester sees a build that
 started after it asked.
 """
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from capd.registry import CapdError, Registry
+from capd.registry import CapdError
 
 log = structlog.get_logger("capd.reload")
 
@@ -36,17 +37,26 @@ class ReloadOutcome(BaseModel):
     errors: int | None = None
 
 
-class Reloader:
+class Counted(Protocol):
+    """What a reload builds, as far as its report goes: a registry, or a generation."""
+
+    def counts(self) -> Mapping[str, int]: ...
+
+
+Built = TypeVar("Built", bound=Counted)
+
+
+class Reloader(Generic[Built]):
     """Runs full reloads, one at a time, coalescing concurrent requests.
 
-    ``rebuild`` builds a new registry (raising :class:`CapdError` with a clear
+    ``rebuild`` builds what will serve (raising :class:`CapdError` with a clear
     message on failure); ``swap`` installs it.
     """
 
     def __init__(
         self,
-        rebuild: Callable[[], Awaitable[Registry]],
-        swap: Callable[[Registry], None],
+        rebuild: Callable[[], Awaitable[Built]],
+        swap: Callable[[Built], None],
         *,
         spawn: Callable[[Awaitable[ReloadOutcome]], asyncio.Task[ReloadOutcome]],
         on_start: Callable[[], object] = lambda: None,
@@ -96,16 +106,16 @@ class Reloader:
         self._on_start()
         log.info("reload_started", generation=generation)
         try:
-            registry = await self._rebuild()
-        except Exception as exc:  # a failed reload is reported; the old registry keeps serving
+            built = await self._rebuild()
+        except Exception as exc:  # a failed reload is reported; the old one keeps serving
             error = str(exc) if isinstance(exc, CapdError) else f"{type(exc).__name__}: {exc}"
             outcome = ReloadOutcome(ok=False, generation=generation, started_at=started_at,
                                     duration_s=time.perf_counter() - started, error=error)
             log.error("reload_failed", generation=generation, error=error)
         else:
-            self._swap(registry)
+            self._swap(built)
             self.ok_count += 1
-            counts = registry.snapshot().counts
+            counts = dict(built.counts())
             outcome = ReloadOutcome(ok=True, generation=generation, started_at=started_at,
                                     duration_s=time.perf_counter() - started,
                                     live=counts["live"], disabled=counts["disabled"],

@@ -1,14 +1,26 @@
-"""Binding the daemon's Unix socket: stale-file detection, modes, the folder's owner."""
+"""The daemon's Unix socket: bound (stale-file detection, modes, the folder's owner) or
+handed over by systemd, served, closed; and the descriptors its connections may take."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import stat
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
 
 from .._errors import SidecarError, SocketInUse, UnsafeSocketFolder
+from ._systemd import inherited_socket
+
+if TYPE_CHECKING:
+    from ._http import HttpServer
+
+log = structlog.get_logger("capd.socket")
 
 SOCKET_MODE = 0o660
 DIR_MODE = 0o750
@@ -98,3 +110,71 @@ def remove_socket(path: Path, inode: int) -> None:
     with contextlib.suppress(OSError):
         if path.lstat().st_ino == inode:
             path.unlink()
+
+
+@contextlib.asynccontextmanager
+async def serve_unix_socket(path: Path, server: HttpServer) -> AsyncIterator[Path]:
+    """Serve ``server`` on the socket systemd handed over, or on one bound at ``path``
+    (refusing if another daemon answers there); yield the socket's path.
+
+    On leaving: stop accepting and close the connections (responses being written get
+    a moment), then remove the socket file bound here, never one systemd handed over.
+    """
+    sock = inherited_socket()
+    inode = None
+    if sock is not None:
+        name = sock.getsockname()
+        if isinstance(name, str) and name:
+            path = Path(name)
+        log.info("socket_inherited", socket=str(path))
+    else:
+        sock = bind_unix_socket(path)
+        inode = socket_inode(path)
+    try:
+        await server.start(sock)
+        yield path
+    finally:
+        await server.close(grace_s=2.0)
+        if inode is not None:
+            remove_socket(path, inode)
+
+
+FD_RESERVE = 256
+"""Descriptors kept out of the connection caps (queue, probes, subprocesses, logs)."""
+DOOR_ACCEPT_SLACK = 512
+"""Descriptors the HTTP front door may hold past its cap for a moment: connections
+accepted in one go (its listen backlog) before the evicted ones are closed."""
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (never past the hard limit); return it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("fd_limit_unchanged", soft=soft, wanted=target, error=str(exc))
+            return soft
+        return target
+    return soft
+
+
+def connection_caps(socket_max: int, door_max: int | None) -> tuple[int, int]:
+    """How many connections the socket and the HTTP front door (``door_max``, None: no
+    door) may hold, after raising the descriptor limit for both: when it cannot be raised
+    far enough, fewer are admitted, the socket first, and descriptors stay in reserve."""
+    door_wanted = door_max + DOOR_ACCEPT_SLACK if door_max is not None else 0
+    fd_limit = raise_fd_limit(socket_max + door_wanted + FD_RESERVE)
+    on_socket = max(16, min(socket_max, fd_limit - FD_RESERVE))
+    if on_socket < socket_max:
+        log.warning("fd_limit_low", limit=fd_limit, max_connections=on_socket,
+                    configured=socket_max,
+                    hint="raise LimitNOFILE= (or ulimit -n) above max_connections + 256")
+    # the front door gets what the socket leaves: never the socket's descriptors
+    on_door = max(16, fd_limit - FD_RESERVE - on_socket - DOOR_ACCEPT_SLACK)
+    if door_max is not None and on_door < door_max:
+        log.warning("fd_limit_low", limit=fd_limit, mcp_http_max_connections=on_door,
+                    configured=door_max,
+                    hint="raise LimitNOFILE= (or ulimit -n) for [mcp.http] max_connections")
+    return on_socket, on_door

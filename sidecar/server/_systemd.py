@@ -8,6 +8,7 @@ hand, under launchd, or under systemd with ``Type=notify`` or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -120,6 +121,22 @@ async def run_watchdog(
         pings += 1
         await wait(interval_s)
     return pings
+
+
+async def report_status(notifier: Notifier, status_line: Callable[[int | None], str],
+                        queued: Callable[[], Awaitable[int | None]], stop: asyncio.Event,
+                        interval_s: float = 2.0) -> None:
+    """Send ``STATUS=`` whenever the status line changes (checked every ``interval_s``),
+    until ``stop``; ``queued`` counts the jobs waiting (None: not known)."""
+    last = ""
+    while not stop.is_set():
+        line = status_line(await queued())
+        if line != last:
+            notifier.status(line)
+            last = line
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval_s):
+                await stop.wait()
 
 
 def inherited_socket(environ: Mapping[str, str] | None = None) -> socket.socket | None:

@@ -3,6 +3,7 @@ fail closed on anything that selects nothing; the claude and codex formats; `--a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -373,7 +374,7 @@ capabilities = ["notes.search"]
 capabilities = ["notes.search", "git_mcp.*"]
 ''')), socket_path=tmp_path / "s.sock")
     try:
-        daemon.registry = registry
+        daemon.generation = dataclasses.replace(daemon.generation, registry=registry)
         notes = Grant("agent", Profile("notes", ("notes.*",)), bound=True)
 
         def ctx(uid: int) -> Context:

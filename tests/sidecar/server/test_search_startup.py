@@ -60,13 +60,13 @@ async def held_daemon(example_copy: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert daemon.state == "ready"
     # Set when a search reaches the index (and waits for it while the build is held).
     arrived = asyncio.Event()
-    real_index = daemon.search_index
+    real_index = daemon.search.index
 
     async def search_index(grant: Any = None) -> Any:
         arrived.set()
         return await real_index(grant)
 
-    daemon.search_index = search_index  # type: ignore[method-assign]
+    daemon.search.index = search_index  # type: ignore[method-assign]
     try:
         yield daemon, release, fail_first, arrived
     finally:
@@ -122,11 +122,11 @@ def test_success_boosts_are_made_again_at_most_every_max_age(tmp_path: Path) -> 
     daemon = Daemon(load_config(None), socket_path=tmp_path / "s.sock")
     try:
         daemon.gateway.stats.record(outcome("success"))
-        first = daemon.success_boosts()
+        first = daemon.search.boosts()
         assert first == {"a.b": 0.75 + 0.25 * 2 / 3}
         daemon.gateway.stats.record(outcome("error_permanent"))
-        assert daemon.success_boosts() is first  # within a second: the same mapping
-        assert daemon.success_boosts(max_age_s=0) == {"a.b": 0.75 + 0.25 * 2 / 4}
+        assert daemon.search.boosts() is first  # within a second: the same mapping
+        assert daemon.search.boosts(max_age_s=0) == {"a.b": 0.75 + 0.25 * 2 / 4}
     finally:
         daemon.op_executor.shutdown()
         daemon.user_executor.shutdown()
