@@ -7,8 +7,9 @@ through the narrow :class:`Services` protocol (``_services.py``).
 from ._config import CapdConfig, LoadedConfig, load_config
 from ._daemon import Daemon, run_daemon
 from ._gateway import Gateway
+from ._grant import Caller
 from ._result import ToolResult, ToolResultStatus
-from ._services import Caller, Services
+from ._services import Services
 
 __all__ = [
     "Caller",

@@ -32,14 +32,14 @@ from .._errors import (
 )
 from .._table import COMMANDS, MAX_CALLS, OperatorCommand
 from ._authority import GRANT_HEADER, GrantRefused, PeerRefused, peer_credentials
-from ._grant import Grant, Profile
+from ._grant import Caller, Grant, Profile
 from ._handlers import HANDLERS
 from ._http import HttpRequest, HttpResponse, ServerHooks
 from ._json import MAX_JSON_DEPTH, Unencodable, dumps, json_depth_exceeds
 from ._peers import RateLimiter
 from ._problems import problem_body
 from ._runs import EngineRuns
-from ._services import Caller, Context, Reply, Services
+from ._services import Context, Reply, Services
 
 log = structlog.get_logger("capd.api")
 

@@ -39,8 +39,7 @@ from typing import Any
 import orjson
 
 from .._errors import BadRequest
-from ._grant import OPERATOR, Grant, Narrowing, Profile, WideningRefused
-from ._services import Caller
+from ._grant import OPERATOR, Caller, Grant, Narrowing, Profile, WideningRefused
 
 _CRED = struct.Struct("3i")
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13

@@ -50,10 +50,9 @@ from capd.registry import (
 
 from .._errors import Draining, InvalidParams, InvalidTimeout, validator_exit
 from .._logging import log_call
-from ._grant import Grant, resolve
+from ._grant import Caller, Grant, resolve
 from ._policy import NamedHook, Policy
 from ._result import STATUS_OF, ToolResult, ToolResultStatus
-from ._services import Caller
 from ._steps import PLAIN, STEPS, Call, CallOptions, Next, Outcome, Step, compose
 
 __all__ = [

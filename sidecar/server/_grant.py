@@ -201,3 +201,53 @@ def resolve(registry: Registry, name: str, grant: Grant) -> Capability:
         raise UnknownCapability(name, registry.suggest(name, grant.allows)) from None
     assert cap is not None
     return cap
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling: the peer's credentials, read from the socket, its session, its grant.
+
+    ``groups`` are the supplementary groups the peer connected with (None: they could
+    not be read, and rules that need them fail closed). ``session`` is the
+    ``Capd-Session`` header: an agent session (``capd mcp`` sends one per client
+    connection), the unit of session grants; loop detection counts by
+    :attr:`loop_key`. ``grant`` is what the authority decided for this peer under the
+    serving configuration (``_authority.py``); an in-process caller is an operator.
+    """
+
+    pid: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    session: str | None = None
+    groups: frozenset[int] | None = None
+    grant: Grant = OPERATOR
+
+    @property
+    def loop_key(self) -> str | None:
+        """What loop detection counts by: the session; else, for an agent, its uid and
+        grant (a new process starts no fresh count); else the peer (uid and pid)."""
+        if self.session is not None:
+            return self.session
+        if self.pid is None:  # in process, or a bearer token's (counted by its token)
+            return self._grant_key if self.grant.token is not None else None
+        return self._grant_key or f"peer:{self.uid}:{self.pid}"
+
+    @property
+    def acts_as_agent(self) -> bool:
+        """Whether this caller acts as an agent: an agent's grant (bound or unbound
+        non-operator peer, token, narrowed bridge, engine) or an agent session named."""
+        return self.grant.role == "agent" or self.session is not None
+
+    @property
+    def agent_key(self) -> str | None:
+        """For an agent in a session, the count its sessions share (uid and grant), so
+        making up a new session name starts no fresh count; None otherwise."""
+        return None if self.session is None else self._grant_key
+
+    @property
+    def _grant_key(self) -> str | None:
+        """An agent's count by uid and grant; None for a caller that is no agent."""
+        tag = self.grant.tag
+        if tag is not None and self.grant.token is not None:  # a token is its own caller
+            return tag
+        return None if tag is None or self.uid is None else f"{tag}:{self.uid}"

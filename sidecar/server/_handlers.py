@@ -61,12 +61,14 @@ from ._agent_handlers import (
     topology_validate,
 )
 from ._authority import actor
+from ._consent import ConsentStore
 from ._durations import parse_duration
 from ._grant import resolve
 from ._json import Unencodable, dumps
 from ._offer_handlers import OFFER_HANDLERS
 from ._problems import problem_body
-from ._services import CallResult, ConsentBook, Context, Handler, Reply, Services
+from ._result import ToolResult
+from ._services import Context, Handler, Reply, Services
 from ._streams import NDJSON, answer_kinds, wants_stream
 from ._token_handlers import TOKEN_HANDLERS
 
@@ -519,13 +521,13 @@ async def call(ctx: Context, a: CallIn) -> Reply:
     return Reply(200, None, NDJSON, stream=stream.body(task, _last_line))
 
 
-def _last_line(result: CallResult) -> bytes:
+def _last_line(result: ToolResult) -> bytes:
     """A streamed call's last line: its ToolResult and the status it would have answered."""
     reply = _call_reply(result)
     return b'{"event":"result","http_status":%d,"tool_result":%s}' % (reply.status, reply.body)
 
 
-def _call_reply(result: CallResult) -> Reply:
+def _call_reply(result: ToolResult) -> Reply:
     """The answer to a call: its ToolResult, with the status its state says."""
     body = result.as_json()
     try:
@@ -748,7 +750,7 @@ async def metrics(ctx: Context, _: Params) -> Reply:
 # -- policy: pre-flight, consent, sessions -------------------------------------------------
 
 
-def _consent_book(ctx: Context) -> ConsentBook:
+def _consent_book(ctx: Context) -> ConsentStore:
     book = ctx.services.policy.consent
     if book is None:
         raise BadRequest("consent grants are not open yet (the daemon is starting)")

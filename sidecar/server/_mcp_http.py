@@ -38,15 +38,14 @@ from urllib.parse import unquote, urlencode
 import orjson
 import structlog
 
-from ._grant import Grant, Narrowing
+from ._grant import Caller, Grant, Narrowing
 from ._http import HttpRequest
-from ._services import Caller
 from ._tokens import TokenRecord, TokenRefused, TokenStore
 
 if TYPE_CHECKING:
     from ._api import Api
+    from ._authority import Authority
     from ._config import McpHttpConfig
-    from ._services import Authorities
 
 log = structlog.get_logger("capd.mcp_http")
 
@@ -104,7 +103,7 @@ class FrontDoor:
     """The ASGI app: the gate, then the SDK's session manager over per-session bridges."""
 
     def __init__(self, api: Api, tokens: TokenStore, config: Callable[[], McpHttpConfig],
-                 authority: Callable[[], Authorities]) -> None:
+                 authority: Callable[[], Authority]) -> None:
         from mcp.server.lowlevel import NotificationOptions, Server
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from mcp.server.transport_security import TransportSecuritySettings

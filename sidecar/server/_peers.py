@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._services import Caller
+from ._grant import Caller
 
 
 @dataclass

@@ -37,9 +37,8 @@ from capd.registry import USER_CODE_FAILURES, Blocked, Capability
 
 from ._authority import Authority
 from ._consent import ConsentStore
-from ._grant import Profile
+from ._grant import Caller, Profile
 from ._loops import LoopDetector, LoopPolicy
-from ._services import Caller
 
 log = structlog.get_logger("capd.policy")
 

@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from capd.registry import Blocked, Capability, NetGuard, SsrfRefused, UrlHost, read_url
 
-from ._services import Caller
+from ._grant import Caller
 
 #: Resolves a host name to its addresses (as text); raises ``OSError`` when it cannot.
 Resolver = Callable[[str], Awaitable[list[str]]]

@@ -27,9 +27,8 @@ from pydantic import BaseModel
 from capd.registry import Capability, Registry, ThreadHandle
 
 from .._errors import InvalidParams
-from ._grant import Grant
+from ._grant import Caller, Grant
 from ._result import ToolResult
-from ._services import Caller
 
 if TYPE_CHECKING:
     from ._policy import Policy

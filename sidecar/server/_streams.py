@@ -37,7 +37,7 @@ import orjson
 
 from capd.registry import CannotAsk
 
-from ._services import Caller
+from ._grant import Caller
 
 NDJSON = "application/x-ndjson"
 MAX_QUEUED_LINES = 1024

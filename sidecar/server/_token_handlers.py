@@ -11,13 +11,13 @@ from .._args import Params
 from .._errors import BadRequest, UnknownProfile, UnknownToken
 from .._table import TokenCreateIn, TokenIn
 from ._durations import parse_duration
-from ._services import Context, Handler, Reply, TokensView
-from ._tokens import TokenProblem
+from ._services import Context, Handler, Reply
+from ._tokens import TokenProblem, TokenStore
 
 log = structlog.get_logger("capd.tokens")
 
 
-def _store(ctx: Context) -> TokensView:
+def _store(ctx: Context) -> TokenStore:
     return ctx.services.tokens
 
 
