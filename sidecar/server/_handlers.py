@@ -1,56 +1,21 @@
-"""What each operator command does inside the daemon. Rows in ``_table`` point here."""
+"""What the rows agents use do inside the daemon: list, search, show and export
+capabilities, and call them. The handlers of every row, by name: :data:`HANDLERS`."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-import structlog
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from capd.recovery import JOB_STATES, Job, JobQueue, RecoveryError
 from capd.registry import CALL_EVENTS, CallerHost, Capability, UnknownCapability
 
-from .._args import Params
-from .._errors import (
-    BadRequest,
-    ExportConflict,
-    Forbidden,
-    UnknownProfile,
-    validator_exit,
-)
-from .._table import (
-    CallIn,
-    CallItem,
-    CallManyIn,
-    ConsentGrantIn,
-    ExportIn,
-    GrantIn,
-    HostIn,
-    JobIn,
-    ListIn,
-    PreflightIn,
-    PurgeIn,
-    QueueListIn,
-    RecheckIn,
-    RecheckToolIn,
-    SearchIn,
-    SessionIn,
-    ShowIn,
-    command,
-)
-from .._views import (
-    capsule,
-    disabled_reason,
-    disabled_view,
-    manifest,
-    provider_tool,
-)
+from .. import _table as t
+from .._errors import BadRequest, ExportConflict, UnknownProfile, validator_exit
+from .._views import capsule, disabled_view, manifest, provider_tool
 from ._agent_handlers import (
     agent_resolve,
     agent_show,
@@ -60,200 +25,19 @@ from ._agent_handlers import (
     topology_show,
     topology_validate,
 )
-from ._authority import actor
-from ._consent import ConsentStore
-from ._durations import parse_duration
 from ._grant import resolve
+from ._health import health, livez, metrics, readyz, status
 from ._json import Unencodable, dumps
 from ._offer_handlers import OFFER_HANDLERS
+from ._operator_handlers import OPERATOR_HANDLERS
 from ._problems import problem_body
 from ._result import ToolResult
-from ._services import Context, Handler, Reply, Services
+from ._services import Context, Handler, Reply
 from ._streams import NDJSON, answer_kinds, wants_stream
 from ._token_handlers import TOKEN_HANDLERS
 
-log = structlog.get_logger("capd.handlers")
 
-if TYPE_CHECKING:
-    from capd.recovery import CapabilityRecheck, ToolRecheck
-
-HEALTH_JSON = "application/health+json"
-
-
-def iso(epoch: float) -> str:
-    """UTC epoch seconds as ISO-8601, for the health+json draft's ``time`` fields."""
-    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
-
-
-async def health(ctx: Context, _: Params) -> Reply:
-    """Overall status from cached results: never waits on a probe or a reload."""
-    d = ctx.services
-    snap = d.registry.snapshot()
-    checks: dict[str, list[dict[str, Any]]] = {}
-    status = "pass"
-    notes: list[str] = []
-    grant = ctx.caller.grant
-    # what the grant reaches; the operator's detail (declaration errors with files and
-    # lines, a failed reload's reason, every caller's jobs) by role, never by reach
-    operator = grant.role == "operator"
-    disabled = ({n: e for n, e in snap.disabled.items() if grant.allows(e.capability)}
-                if grant.restricted else snap.disabled)
-    for name, entry in sorted(disabled.items()):
-        view = disabled_view(entry, snap)
-        probed = [t for t in view["last_probed"].values() if t is not None]
-        checks[f"capability:{name}"] = [{
-            "componentId": name,
-            "componentType": "capability",
-            "status": "warn",
-            "observedValue": view["missing"],
-            "output": disabled_reason(view),
-            "time": iso(max(probed)) if probed else None,
-        }]
-    if disabled:
-        status = "warn"
-        notes.append(f"{len(disabled)} capability(ies) disabled")
-    if snap.errors and operator:
-        status = "warn"
-        notes.append(f"{len(snap.errors)} declaration error(s)")
-        checks["declarations:errors"] = [{
-            "componentType": "component", "status": "warn",
-            "observedValue": len(snap.errors), "output": "; ".join(str(e) for e in snap.errors),
-        }]
-    lag = d.loop_lag_s
-    lag_status = "fail" if lag > d.stall_threshold_s else "pass"
-    checks["event-loop:lag"] = [{
-        "componentType": "system", "status": lag_status, "observedValue": round(lag, 6),
-        "observedUnit": "s", "time": iso(time.time()),
-    }]
-    if lag_status == "fail":
-        status = "fail"
-        notes.append(f"event loop stalled for {lag:.1f}s")
-    if d.state != "ready":
-        status = "fail"
-        notes.append(f"daemon is {d.state}")
-    failed = d.reloader.last_failure
-    if failed is not None and not operator:  # the reason names files and lines
-        notes.append("the last reload failed; the registry before it keeps serving")
-        if status == "pass":
-            status = "warn"
-    elif failed is not None:  # until the next good reload: the old registry is serving
-        if status == "pass":
-            status = "warn"
-        notes.append("the last reload failed; the registry before it keeps serving")
-        checks["reload:last"] = [{
-            "componentType": "component", "status": "warn", "output": failed.error,
-            "time": iso(failed.started_at),
-        }]
-    queue_status, queue_notes, queue_checks = await _queue_health(d)
-    if not operator:  # every caller's jobs: the operator's to read, in capd queue
-        queue_checks = {k: v for k, v in queue_checks.items() if k == "queue:writable"}
-        queue_notes = [n for n in queue_notes if "cannot write" in n]
-    checks.update(queue_checks)
-    notes.extend(queue_notes)
-    if queue_status == "fail":
-        status = "fail"
-    elif queue_status == "warn" and status == "pass":
-        status = "warn"
-    checks["uptime"] = [{"componentType": "system", "status": "pass",
-                         "observedValue": round(d.uptime_s, 3), "observedUnit": "s"}]
-    body = {
-        "status": status,
-        "version": d.version,
-        "serviceId": "capd",
-        "description": "capd capability sidecar",
-        "output": "; ".join(notes) or "all capabilities live",
-        "checks": checks,
-    }
-    return Reply(503 if status == "fail" else 200, body, content_type=HEALTH_JSON)
-
-
-async def _queue_health(d: Services) -> tuple[str, list[str], dict[str, list[dict[str, Any]]]]:
-    if d.queue is None:
-        return "pass", [], {}
-    try:
-        stats = await d.queue_stats()
-    except RecoveryError as exc:
-        return "fail", [f"retry queue unusable: {exc}"], {"queue:usable": [{
-            "componentType": "datastore", "status": "fail", "output": str(exc)}]}
-    status, notes = "pass", []
-    checks: dict[str, list[dict[str, Any]]] = {}
-    # A queue that reads but cannot write (a full disk) cannot accept a failed write.
-    write_error = d.queue.write_error or (d.sweep.storage_error if d.sweep else None)
-    if write_error:
-        status = "fail"
-        notes.append(f"retry queue cannot write: {write_error}")
-        checks["queue:writable"] = [{"componentType": "datastore", "status": "fail",
-                                     "output": write_error}]
-    status, notes = _disk_health(d.queue, status, notes, checks)
-    stuck = stats.by_state["dead"] + stats.by_state["needs_operator"]
-    if stuck:
-        status = "fail" if status == "fail" else "warn"
-        notes.append(f"{stats.by_state['dead']} dead and {stats.by_state['needs_operator']} "
-                     "job(s) needing an operator (capd queue list)")
-    age = stats.oldest_pending_age_s
-    limit = d.loaded.config.health_pending_age_s
-    if age is not None and age > limit:
-        status = "fail" if status == "fail" else "warn"
-        notes.append(f"oldest pending job is {age:.0f}s old (threshold {limit:g}s)")
-    jobs_check: dict[str, Any] = {"componentType": "datastore",
-                                  "status": "warn" if stuck else "pass",
-                                  "observedValue": stats.by_state}
-    if stuck:
-        jobs_check["output"] = next(n for n in notes if "dead and" in n)
-    checks["queue:jobs"] = [jobs_check]
-    checks["queue:oldest-pending-age"] = [{
-        "componentType": "datastore",
-        "status": "warn" if age is not None and age > limit else "pass",
-        "observedValue": None if age is None else round(age, 3), "observedUnit": "s"}]
-    return status, notes, checks
-
-
-FULL_BYTES = 1 << 20
-"""Free space under which the queue's file system counts as full (``/health`` fail)."""
-
-
-def _disk_health(queue: JobQueue, status: str, notes: list[str],
-                 checks: dict[str, list[dict[str, Any]]]) -> tuple[str, list[str]]:
-    """The queue's file system: pass, warn under the reserve (new jobs refused), fail when
-    full; the free space as the observed value."""
-    try:
-        space = queue.space()
-    except RecoveryError as exc:
-        checks["queue:disk"] = [{"componentType": "datastore", "status": "fail",
-                                 "output": str(exc)}]
-        return "fail", [*notes, str(exc)]
-    if space is None:  # a database's disk is the database's to watch
-        return status, notes
-    free, reserve = space
-    mib = f"{free / 2**20:.1f} MiB free (reserve {reserve / 2**20:.1f} MiB)"
-    check: dict[str, Any] = {"componentType": "datastore", "status": "pass",
-                             "observedValue": free, "observedUnit": "bytes"}
-    if free < FULL_BYTES:
-        check.update(status="fail", output=f"the queue's disk is full: {mib}")
-        status = "fail"
-    elif free < reserve:
-        check.update(status="warn", output=f"the queue's disk is nearly full: {mib}; new "
-                     "jobs are refused until there is room, queued ones still finish")
-        status = "fail" if status == "fail" else "warn"
-    if "output" in check:
-        notes = [*notes, check["output"]]
-    checks["queue:disk"] = [check]
-    return status, notes
-
-
-async def livez(ctx: Context, _: Params) -> Reply:
-    """200 while the process serves requests."""
-    return Reply(200, {"status": "pass"})
-
-
-async def readyz(ctx: Context, _: Params) -> Reply:
-    """200 when ready, 503 while starting or draining."""
-    ready = ctx.services.state == "ready"
-    return Reply(200 if ready else 503, {"status": "pass" if ready else "fail",
-                                         "state": ctx.services.state})
-
-
-async def list_caps(ctx: Context, a: ListIn) -> Reply:
+async def list_caps(ctx: Context, a: t.ListIn) -> Reply:
     """Capsules of every capability, optionally filtered by state or tag."""
     snap = ctx.services.registry.snapshot()
     state, tag = a.state, a.tag
@@ -284,7 +68,7 @@ async def list_caps(ctx: Context, a: ListIn) -> Reply:
     return Reply(200, body)
 
 
-def _caller_host(a: HostIn) -> CallerHost | None:
+def _caller_host(a: t.HostIn) -> CallerHost | None:
     """What the caller says its host has; None when it says nothing."""
     if not a.model_fields_set & {"host_os", "host_gui", "host_tokens", "host_scm"}:
         return None
@@ -331,7 +115,7 @@ DEFAULT_K = {"inner": 3, "outer": 8}
 """How many results a search answers by default, by the latency class it asks for."""
 
 
-async def search(ctx: Context, a: SearchIn) -> Reply:
+async def search(ctx: Context, a: t.SearchIn) -> Reply:
     """Hybrid (BM25 + semantic) search over capsules, with a confidence; disabled ones only
     when asked, with why; ``explain=true`` says which terms and neighbours matched."""
     d = ctx.services
@@ -387,7 +171,7 @@ async def search(ctx: Context, a: SearchIn) -> Reply:
     return Reply(200, body)
 
 
-async def show(ctx: Context, a: ShowIn) -> Reply:
+async def show(ctx: Context, a: t.ShowIn) -> Reply:
     """The full manifest of one capability."""
     registry = ctx.services.registry
     cap = resolve(registry, a.id, ctx.caller.grant)  # hidden: as if unknown
@@ -410,7 +194,7 @@ async def show(ctx: Context, a: ShowIn) -> Reply:
     return Reply(200, body)
 
 
-async def export(ctx: Context, a: ExportIn) -> Reply:
+async def export(ctx: Context, a: t.ExportIn) -> Reply:
     """Every capability's tool definition in one provider's format (a policy profile's
     only, with ``profile``); what cannot be rendered is listed under ``skipped``."""
     form, profile = a.format, a.profile or None
@@ -465,12 +249,12 @@ def _scoped(ctx: Context, key: str | None) -> str | None:
     return f"{tag}:{ctx.caller.uid}:{key}"
 
 
-async def call_many(ctx: Context, a: CallManyIn) -> Reply:
+async def call_many(ctx: Context, a: t.CallManyIn) -> Reply:
     """Run up to :data:`MAX_CALLS` calls at once, each through the whole call path as this
     caller; answer every one in order, each as it would have been answered alone."""
     gateway = ctx.services.gateway
 
-    async def one(index: int, item: CallItem) -> dict[str, Any]:
+    async def one(index: int, item: t.CallItem) -> dict[str, Any]:
         try:
             result = await gateway.dispatch(
                 item.capability, item.params, ctx.caller,
@@ -493,7 +277,7 @@ def _relevance(score: float) -> float:
     return round(min(1.0, max(0.0, score)), 2)
 
 
-async def call(ctx: Context, a: CallIn) -> Reply:
+async def call(ctx: Context, a: t.CallIn) -> Reply:
     """Dispatch a call; the HTTP status follows the result's state. Asked for a stream
     (``Accept: application/x-ndjson``), a call that has something to say before it
     answers streams it (``_streams.py``)."""
@@ -548,216 +332,7 @@ def _call_reply(result: ToolResult) -> Reply:
     return Reply(status, encoded, headers=headers)
 
 
-def _tool_view(outcome: ToolRecheck, shown: Callable[[str], bool]) -> dict[str, Any]:
-    return {
-        "tool": outcome.tool,
-        "ok": outcome.result.ok,
-        "error": outcome.result.error,
-        "probed": outcome.probed,
-        "cooldown_left_s": round(outcome.cooldown_left_s, 3),
-        "restored": [n for n in outcome.restored if shown(n)],
-        "disabled": [n for n in outcome.disabled if shown(n)],
-        "checked_at": outcome.result.checked_at,
-    }
-
-
-def _capability_view(outcome: CapabilityRecheck,
-                     shown: Callable[[str], bool]) -> dict[str, Any]:
-    return {
-        "name": outcome.name,
-        "state": "live" if outcome.live else "disabled",
-        "missing": list(outcome.missing),
-        "restored": [n for n in outcome.restored if shown(n)],
-        "tools": [_tool_view(t, shown) for t in outcome.tools],
-    }
-
-
-def _shown(ctx: Context) -> Callable[[str], bool]:
-    """Whether a capability named in an answer may be shown to the caller (its grant)."""
-    grant, registry = ctx.caller.grant, ctx.services.registry
-    if not grant.restricted:
-        return lambda _name: True
-    return lambda name: grant.reaches(registry, name)
-
-
-async def recheck(ctx: Context, a: RecheckIn) -> Reply:
-    """Re-probe a capability's missing tools (cooldown applies unless forced); an agent
-    only one inside its grant (anything else is unknown to it), never forced, and it
-    hears only of the capabilities its grant reaches."""
-    cap = resolve(ctx.services.registry, a.id, ctx.caller.grant)
-    force = a.force
-    if force and ctx.caller.grant.role != "operator":
-        raise Forbidden("recheck --force (past the probe cooldown) is for operators only; "
-                        "without it the last probe within the cooldown answers")
-    outcome = await ctx.services.rechecker.recheck_disabled_capability(cap.name, force=force)
-    return Reply(200, _capability_view(outcome, _shown(ctx)))
-
-
-async def recheck_tool(ctx: Context, a: RecheckToolIn) -> Reply:
-    """Re-probe one tool and restore every capability it unblocks."""
-    outcome = await ctx.services.rechecker.recheck_tool(a.tool, force=a.force)
-    return Reply(200, _tool_view(outcome, _shown(ctx)))
-
-
-async def reload(ctx: Context, _: Params) -> Reply:
-    """Run (or join) a full reload and answer when it is done."""
-    outcome = await ctx.services.reloader.reload()
-    return Reply(200 if outcome.ok else 500, outcome.model_dump(mode="json"))
-
-
-async def whoami(ctx: Context, _: Params) -> Reply:
-    """Who the daemon takes the caller for, and what the bridge may offer it."""
-    caller, grant = ctx.caller, ctx.caller.grant
-    narrowing = grant.narrowing
-    offered = [row_id for row_id in ctx.services.loaded.config.mcp.operator_tools
-               if grant.role in command(row_id).roles]
-    return Reply(200, {
-        "uid": caller.uid, "gid": caller.gid, "pid": caller.pid,
-        "groups": sorted(caller.groups) if caller.groups is not None else None,
-        "role": grant.role, "bound": grant.bound,
-        "profile": grant.profile.name if grant.profile is not None else None,
-        "narrowed": (None if narrowing is None else {
-            "capabilities": sorted(narrowing.capabilities), "tags": sorted(narrowing.tags),
-            "label": narrowing.label}),
-        "channel": grant.channel, "session": caller.session,
-        "restricted": grant.restricted,
-        "mcp": {"operator_tools": offered, "tools": ctx.services.loaded.config.mcp.tools},
-    })
-
-
-async def status(ctx: Context, _: Params) -> Reply:
-    """Registry, reload, recheck and call statistics."""
-    d = ctx.services
-    snap = d.registry.snapshot()
-    last = d.reloader.last
-    stats = d.rechecker.stats
-    body = {
-        "state": d.state,
-        "version": d.version,
-        "pid": d.pid,
-        "uptime_s": round(d.uptime_s, 3),
-        "socket": str(d.socket_path),
-        "registry": {
-            **snap.counts,
-            "built_at": snap.built_at,
-            "tools": {t: (r.model_dump(mode="json")) for t, r in sorted(snap.probes.items())},
-            "errors": [e.as_dict() for e in snap.errors],
-            "not_on_host": dict(d.registry.not_on_host),
-        },
-        "reload": {
-            "count": d.reloader.count,
-            "running": d.reloader.running,
-            "last": last.model_dump(mode="json") if isinstance(last, BaseModel) else None,
-        },
-        "recheck": {"probes": stats.probes, "skipped_cooldown": stats.skipped_cooldown,
-                    "shared": stats.shared, "restored": stats.restored,
-                    "cooldown_s": d.rechecker.cooldown_s},
-        "calls": {"in_flight": d.gateway.in_flight, "by_capability": d.gateway.stats.as_dict()},
-        "tasks": d.task_stats(),
-        "sweep": ({"outcomes": dict(d.sweep.outcomes), "busy": d.sweep.busy}
-                  if d.sweep is not None else None),
-        "queue": ((await d.queue.stats()).model_dump(mode="json")
-                  if d.queue is not None else None),
-        "event_loop_lag_s": round(d.loop_lag_s, 6),
-        "mcp": {"operator_tools": list(d.loaded.config.mcp.operator_tools), "http": d.front_door},
-        "upstreams": d.upstreams.views(),
-        "policy": {"profiles": list(d.policy.profile_names), "recent": list(d.policy.recent)},
-    }
-    return Reply(200, body)
-
-
-# ------------------------------------------------------------------------ queue
-
-def _queue(ctx: Context) -> JobQueue:
-    if ctx.services.queue is None:
-        raise BadRequest("the retry queue is not open")
-    return ctx.services.queue
-
-
-def _job_view(job: Job, ctx: Context | None = None) -> dict[str, Any]:
-    """A job as JSON; an unfinished one whose capability is disabled says what it waits
-    for (``waiting_for``: the tools down and since when, ``down_since`` epoch seconds)."""
-    view = job.model_dump(mode="json")
-    registry = ctx.services.registry if ctx is not None else None
-    if registry is not None and job.state in ("pending", "leased") \
-            and job.capability in registry:  # one a reload took away waits for it (trail)
-        entry = registry.disabled_entry(job.capability)
-        if entry is not None:
-            since = datetime.fromtimestamp(entry.since).astimezone()
-            tools = ", ".join(entry.missing) or "its tools"
-            view["waiting_for"] = (f"tool {tools} down since {since:%H:%M:%S}"
-                                   if since.date() == datetime.now().astimezone().date()
-                                   else f"tool {tools} down since {since:%Y-%m-%d %H:%M}")
-            view["down_since"] = entry.since
-    return view
-
-
-async def queue_list(ctx: Context, a: QueueListIn) -> Reply:
-    """Jobs, newest first, optionally in one state."""
-    state = a.state or None
-    if state is not None and state not in JOB_STATES:
-        raise BadRequest(f"unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
-    jobs = await _queue(ctx).list_jobs(state, limit=a.limit)
-    return Reply(200, {"jobs": [_job_view(j, ctx) for j in jobs]})
-
-
-async def queue_show(ctx: Context, a: JobIn) -> Reply:
-    """One job with its audit trail."""
-    queue = _queue(ctx)
-    job = await queue.get(a.id)
-    trail = await queue.attempts(job.id)
-    # "attempts" is the job's try count; its audit trail is "trail"
-    return Reply(200, {**_job_view(job, ctx), "trail": [a.model_dump(mode="json")
-                                                        for a in trail]})
-
-
-async def queue_retry(ctx: Context, a: JobIn) -> Reply:
-    """Make a parked or dead job due now (the audit trail says who asked)."""
-    job = await _queue(ctx).operator_retry(a.id, actor=actor(ctx.caller))
-    return Reply(200, _job_view(job))
-
-
-async def queue_cancel(ctx: Context, a: JobIn) -> Reply:
-    """Cancel a job that is not running (the audit trail says who asked)."""
-    return Reply(200, _job_view(await _queue(ctx).cancel(a.id, actor=actor(ctx.caller))))
-
-
-async def queue_purge(ctx: Context, a: PurgeIn) -> Reply:
-    """Delete finished jobs of one state older than a duration."""
-    older = parse_duration(a.older_than)
-    purged = await _queue(ctx).purge(a.state, older)
-    return Reply(200, {"purged": purged, "state": a.state, "older_than_s": older})
-
-
-async def queue_stats(ctx: Context, _: Params) -> Reply:
-    """Counts by state, oldest pending age, next due time, sweep outcomes."""
-    queue = _queue(ctx)
-    stats = await queue.stats()
-    sweep = ctx.services.sweep
-    return Reply(200, {**stats.model_dump(mode="json"),
-                       "sweep": dict(sweep.outcomes) if sweep else {},
-                       "group_commit": {"batches": queue.batches, "jobs": queue.batched_jobs}})
-
-
-async def metrics(ctx: Context, _: Params) -> Reply:
-    """Prometheus text exposition."""
-    from ._metrics import CONTENT_TYPE
-
-    return Reply(200, await ctx.services.metrics.render(), content_type=CONTENT_TYPE)
-
-
-
-# -- policy: pre-flight, consent, sessions -------------------------------------------------
-
-
-def _consent_book(ctx: Context) -> ConsentStore:
-    book = ctx.services.policy.consent
-    if book is None:
-        raise BadRequest("consent grants are not open yet (the daemon is starting)")
-    return book
-
-
-async def preflight(ctx: Context, a: PreflightIn) -> Reply:
+async def preflight(ctx: Context, a: t.PreflightIn) -> Reply:
     """Check a plan of calls in one round trip: consent still needed, refusals and why."""
     services = ctx.services
     registry = services.registry
@@ -819,84 +394,10 @@ def _params_problems(cap: Capability, params: dict[str, Any]) -> list[dict[str, 
     return []
 
 
-async def consent_grant(ctx: Context, a: ConsentGrantIn) -> Reply:
-    """Grant consent for operations (the operator's surface)."""
-    operations = [op for item in a.operations for op in item.replace(",", " ").split()]
-    if not operations:
-        raise BadRequest("name the operations to grant, e.g. vault.write")
-    ttl_s = parse_duration(a.ttl)
-    if ttl_s <= 0:
-        raise BadRequest("the TTL must be positive, e.g. 30m or 1h")
-    session = a.session or None
-    grant = _consent_book(ctx).grant(operations, ttl_s=ttl_s, session=session,
-                                     granted_by_uid=ctx.caller.uid)
-    log.info("consent_granted", grant=grant.id, operations=operations, session=session,
-             ttl_s=ttl_s, by_uid=ctx.caller.uid)
-    return Reply(200, grant.view(time.time()))
-
-
-async def consent_list(ctx: Context, _: Params) -> Reply:
-    """Live consent grants."""
-    now = time.time()
-    return Reply(200, {"grants": [g.view(now) for g in _consent_book(ctx).live()]})
-
-
-async def consent_revoke(ctx: Context, a: GrantIn) -> Reply:
-    """Revoke one grant."""
-    grant = _consent_book(ctx).revoke(a.id)  # UnknownGrant: 404
-    log.info("consent_revoked", grant=grant.id, by_uid=ctx.caller.uid)
-    return Reply(200, {"revoked": grant.view(time.time())})
-
-
-async def sessions_list(ctx: Context, _: Params) -> Reply:
-    """Sessions loop detection is counting."""
-    return Reply(200, {"sessions": ctx.services.policy.loops.sessions()})
-
-
-async def sessions_reset(ctx: Context, a: SessionIn) -> Reply:
-    """Forget one session's loop counts."""
-    session = a.session
-    known = ctx.services.policy.loops.reset(session)
-    log.info("session_reset", session=session, known=known, by_uid=ctx.caller.uid)
-    return Reply(200, {"session": session, "reset": known})
-
-
 HANDLERS: dict[str, Handler] = {
-    "agent_resolve": agent_resolve,
-    "agent_show": agent_show,
-    "agents_list": agents_list,
-    "call": call,
-    "call_many": call_many,
-    **OFFER_HANDLERS,
-    **TOKEN_HANDLERS,
-    "consent_grant": consent_grant,
-    "consent_list": consent_list,
-    "consent_revoke": consent_revoke,
-    "export": export,
-    "health": health,
-    "list_caps": list_caps,
-    "livez": livez,
-    "metrics": metrics,
-    "preflight": preflight,
-    "queue_cancel": queue_cancel,
-    "queue_list": queue_list,
-    "queue_purge": queue_purge,
-    "queue_retry": queue_retry,
-    "queue_show": queue_show,
-    "queue_stats": queue_stats,
-    "readyz": readyz,
-    "recheck": recheck,
-    "recheck_tool": recheck_tool,
-    "reload": reload,
-    "search": search,
-    "sessions_list": sessions_list,
-    "sessions_reset": sessions_reset,
-    "show": show,
-    "status": status,
-    "topologies_list": topologies_list,
-    "topology_expand": topology_expand,
-    "topology_show": topology_show,
-    "topology_validate": topology_validate,
-    "whoami": whoami,
-}
+    **{h.__name__: h for h in (list_caps, search, show, export, call, call_many, preflight,
+                               health, livez, readyz, status, metrics, agents_list,
+                               agent_show, agent_resolve, topologies_list, topology_show,
+                               topology_validate, topology_expand, *OPERATOR_HANDLERS)},
+    **OFFER_HANDLERS, **TOKEN_HANDLERS}
 """Every handler by the name an operator-table row gives (a test checks each row has one)."""
