@@ -86,7 +86,8 @@ _EXPORTS = {
     "_threads": "OpThreads Running ThreadHandle",
     "_topology": ("Topology TopologyExpansion TopologyGroup TopologyPhase TopologyRole "
                   "TopologySet expand_topology parse_count_overrides validate_topology"),
-    "_upstream": "UnknownOffer Upstream UpstreamError UpstreamPool contents_as_json",
+    "_upstream": "UnknownOffer contents_as_json",
+    "_upstream_session": "Upstream UpstreamError UpstreamPool",
     "_urls": "UrlHost read_url",
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names.split()}
@@ -136,7 +137,8 @@ if TYPE_CHECKING:
         Topology, TopologyExpansion, TopologyGroup, TopologyPhase, TopologyRole,
         TopologySet, expand_topology, parse_count_overrides, validate_topology,
     )
-    from ._upstream import UnknownOffer, Upstream, UpstreamError, UpstreamPool, contents_as_json
+    from ._upstream import UnknownOffer, contents_as_json
+    from ._upstream_session import Upstream, UpstreamError, UpstreamPool
     from ._urls import UrlHost, read_url
 else:
     __all__ = sorted(_MODULE_OF)

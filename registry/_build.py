@@ -21,7 +21,8 @@ from ._ops import OpTable, entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
 from ._routes import offered_routes, resolve_routes
-from ._upstream import UpstreamPool, left_out_tools, upstream_capabilities
+from ._upstream import left_out_tools, upstream_capabilities
+from ._upstream_session import UpstreamPool
 
 log = structlog.get_logger("capd.build")
 

@@ -37,7 +37,7 @@ from ._model import (
     UnixProbe,
 )
 from ._outcomes import USER_CODE_FAILURES
-from ._upstream import Upstream, UpstreamError, UpstreamPool
+from ._upstream_session import Upstream, UpstreamError, UpstreamPool
 
 Clock = Callable[[], float]
 
