@@ -22,6 +22,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
+from functools import partial
 from typing import Protocol
 from urllib.parse import quote, unquote, urlsplit
 
@@ -302,12 +303,6 @@ async def probe_all(
     The whole batch costs about the slowest probe, not the sum. With no
     ``probe`` given, the real probes run, plain Python probes on ``executor``.
     """
-    if not specs:
-        return {}
-    if probe is not None:
-        results = await asyncio.gather(*(probe(tool, spec) for tool, spec in specs.items()))
-        return {r.tool: r for r in results}
-    results = await asyncio.gather(
-        *(run_probe(tool, spec, executor=executor, upstreams=upstreams)
-          for tool, spec in specs.items()))
+    run = probe or partial(run_probe, executor=executor, upstreams=upstreams)
+    results = await asyncio.gather(*(run(tool, spec) for tool, spec in specs.items()))
     return {r.tool: r for r in results}
