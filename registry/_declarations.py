@@ -264,13 +264,11 @@ def _read(file: Path, source: str) -> dict[str, Any] | DeclarationError:
     """The TOML document in ``file``, or the error that says why it cannot be had."""
     try:
         return tomllib.loads(file.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        error = DeclarationError(source, f"not valid TOML: {exc}", whole_file=True)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        why = f"cannot read: {exc.strerror}" if isinstance(exc, OSError) else (
+            f"not valid TOML: {exc}")
+        error = DeclarationError(source, why, whole_file=True)
         error.__cause__ = exc  # collected, not raised: keep the cause as `from exc` would
-        return error
-    except OSError as exc:
-        error = DeclarationError(source, f"cannot read: {exc.strerror}", whole_file=True)
-        error.__cause__ = exc
         return error
 
 
