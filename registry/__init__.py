@@ -66,11 +66,11 @@ _EXPORTS = {
     "_events": "CALL_EVENTS CallEvents CannotAsk current_events",
     "_guarded_http": "GuardedHttp GuardedResponse guarded_fetch",
     "_hooks": "HookSpec after_call before_call",
-    "_model": ("SAFETY_LEVELS CallerHost Capability CommandEffect CommandProbe EffectSpec "
-               "FileContainsEffect FileExistsEffect HostCaps HostRequirements HttpEffect "
-               "HttpProbe LatencyClass McpProbe OpEffect PartialReplay PathProbe ProbeResult "
-               "PythonProbe RetryPolicy Safety TcpProbe ToolSpec UnixProbe estimate_tokens "
-               "is_valid_name"),
+    "_host": "CallerHost HostCaps HostRequirements",
+    "_model": ("SAFETY_LEVELS Capability CommandEffect CommandProbe EffectSpec "
+               "FileContainsEffect FileExistsEffect HttpEffect HttpProbe LatencyClass McpProbe "
+               "OpEffect PartialReplay PathProbe ProbeResult PythonProbe RetryPolicy Safety "
+               "TcpProbe ToolSpec UnixProbe estimate_tokens is_valid_name"),
     "_names": "ALIAS_MARK is_valid_alias is_valid_reference without_mark",
     "_netguard": ("HttpLimitExceeded HttpTimeout HttpUnreachable NetGuard NetGuardError "
                   "SsrfRefused classify_address"),
@@ -109,12 +109,12 @@ if TYPE_CHECKING:
     from ._events import CALL_EVENTS, CallEvents, CannotAsk, current_events
     from ._guarded_http import GuardedHttp, GuardedResponse, guarded_fetch
     from ._hooks import HookSpec, after_call, before_call
+    from ._host import CallerHost, HostCaps, HostRequirements
     from ._model import (
-        SAFETY_LEVELS, CallerHost, Capability, CommandEffect, CommandProbe, EffectSpec,
-        FileContainsEffect, FileExistsEffect, HostCaps, HostRequirements, HttpEffect,
-        HttpProbe, LatencyClass, McpProbe, OpEffect, PartialReplay, PathProbe, ProbeResult,
-        PythonProbe, RetryPolicy, Safety, TcpProbe, ToolSpec, UnixProbe, estimate_tokens,
-        is_valid_name,
+        SAFETY_LEVELS, Capability, CommandEffect, CommandProbe, EffectSpec, FileContainsEffect,
+        FileExistsEffect, HttpEffect, HttpProbe, LatencyClass, McpProbe, OpEffect, PartialReplay,
+        PathProbe, ProbeResult, PythonProbe, RetryPolicy, Safety, TcpProbe, ToolSpec, UnixProbe,
+        estimate_tokens, is_valid_name,
     )
     from ._names import ALIAS_MARK, is_valid_alias, is_valid_reference, without_mark
     from ._netguard import (
