@@ -33,7 +33,7 @@ call (the SDK sends the server ``notifications/cancelled``, as it does past
 ``call_timeout_s``). A server's sampling and elicitation requests and its log
 messages go to the caller of the call they belong to, and to no other. Over
 streamable HTTP they come on that call's own response stream, and capd reads which
-(``_bounded_http.Relations``): a request whose call has ended, or that came on no
+(``_relations.CallsInFlight``): a request whose call has ended, or that came on no
 call's stream, is refused. Over stdio they name no call: capd relays them to the
 caller of the one call in flight, and only when no other call to that server
 overlapped it (else it cannot know whose it is); it refuses a request (with why) when
@@ -63,10 +63,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from ._events import KIND_OF_METHOD, CallEvents, CannotAsk, current_events
+from ._events import KIND_OF_METHOD, CannotAsk, current_events
 from ._model import McpProbe
 from ._outcomes import PermanentToolError, ToolUnavailable, TransientToolError
-from ._relations import CALL_META, Relations
+from ._relations import CALL_META, CallsInFlight, Relations
 from ._upstream import UnknownOffer, name_prefix, offer_as_json, split_resource_uri
 
 if TYPE_CHECKING:  # the SDK's types are imported when an upstream is used
@@ -102,14 +102,7 @@ class Upstream:
         self._stale = False  # the server said its list changed: list again before use
         self._teardowns: set[asyncio.Task[None]] = set()  # stalled sessions being closed
         self._holding: asyncio.Task[None] | None = None  # the task waiting on its stop
-        # The calls in flight, each with its caller's stream (None: the caller has none).
-        self._inflight: dict[int, CallEvents | None] = {}
-        self._calls = 0
-        # calls that another call to this server overlapped (over stdio, whose questions
-        # name no call, a question during one could be the other's: it goes to none)
-        self._overlapped: set[int] = set()
-        # over streamable HTTP, which call each server message came with
-        self._relations = Relations() if spec.url is not None else None
+        self._calls = CallsInFlight(tool_id, Relations() if spec.url is not None else None)
         # What the server offers beside tools (read at the handshake, again once stale).
         self.offers: dict[str, list[Any]] = {"resources": [], "templates": [], "prompts": []}
         self.server: dict[str, Any] | None = None  # what the handshake said it is
@@ -125,7 +118,7 @@ class Upstream:
         said it is, its tools, calls in flight and its last error."""
         return {"kind": "stdio" if self.spec.command is not None else "http",
                 "connected": self.connected, "since": self.since, "server": self.server,
-                "tools": len(self.tools), "in_flight": len(self._inflight),
+                "tools": len(self.tools), "in_flight": len(self._calls),
                 "last_error": self.last_error}
 
     @property
@@ -201,17 +194,12 @@ class Upstream:
         if events is not None:
             async def progress(done: float, total: float | None, message: str | None) -> None:
                 events.progress(done, total, message)
-        self._calls += 1
-        token = self._calls
-        if self._inflight:  # they overlap: over stdio no question can be placed in either
-            self._overlapped.update(self._inflight)
-            self._overlapped.add(token)
-        self._inflight[token] = events
+        token = self._calls.start(events)
         try:
             result: types.CallToolResult = await session.call_tool(
                 name, arguments, read_timeout_seconds=self.spec.call_timeout_s,
                 progress_callback=progress,
-                meta={CALL_META: token} if self._relations is not None else None)
+                meta={CALL_META: token} if self._calls.relations is not None else None)
         except (OSError, EOFError) as exc:
             await self._drop()
             raise ToolUnavailable(f"MCP server {self.tool_id} went away "
@@ -231,45 +219,8 @@ class Upstream:
                                       tool=self.tool_id) from exc
             raise
         finally:
-            del self._inflight[token]
-            self._overlapped.discard(token)
+            self._calls.end(token)
         return result
-
-    def _owner(self, kind: str, request_id: Any) -> int:
-        """The call a server request belongs to; raise :class:`CannotAsk` saying why none
-        can be told (see the module docstring)."""
-        if self._relations is not None:  # streamable HTTP: the stream it came on says
-            token = self._relations.call_of_request(request_id)
-            if token is None:
-                raise CannotAsk(f"the {kind} request of {self.tool_id} came on no call's "
-                                "stream; capd relays one only to the client whose call made it")
-            if token not in self._inflight:
-                raise CannotAsk(f"the call the {kind} request of {self.tool_id} belongs to "
-                                "has ended; capd relays it to no other client")
-            return token
-        if not self._inflight:
-            raise CannotAsk(f"capd relays a {kind} request only to the client whose call "
-                            f"made it, and no call to {self.tool_id} is in flight")
-        if len(self._inflight) > 1:
-            raise CannotAsk(f"{len(self._inflight)} calls to {self.tool_id} are in flight and "
-                            f"the {kind} request names none of them; capd sends it to none")
-        token = next(iter(self._inflight))
-        if token in self._overlapped:
-            raise CannotAsk(f"another call to {self.tool_id} ran beside this one, and a {kind} "
-                            "request over stdio names none: it could be the other's, so capd "
-                            "sends it to none")
-        return token
-
-    def _caller_of_request(self, kind: str, request_id: Any = None) -> CallEvents:
-        """The stream of the call the request belongs to, if its caller can answer
-        ``kind``; raise :class:`CannotAsk` (saying why) otherwise."""
-        events = self._inflight[self._owner(kind, request_id)]
-        if events is None:
-            raise CannotAsk(f"the client of this call to {self.tool_id} opened no stream "
-                            f"(Accept: application/x-ndjson), so it cannot answer {kind}")
-        if kind not in events.answers:
-            raise CannotAsk(f"the client of this call to {self.tool_id} cannot answer {kind}")
-        return events
 
     async def _ask(self, method: str, params: Any, result_type: Any,
                    request_id: Any = None) -> Any:
@@ -278,7 +229,7 @@ class Upstream:
 
         kind = KIND_OF_METHOD[method]
         try:
-            events = self._caller_of_request(kind, request_id)
+            events = self._calls.caller_of_request(kind, request_id)
             raw = await events.ask(method, params.model_dump(mode="json", by_alias=True,
                                                              exclude_none=True))
             return result_type.model_validate(raw)
@@ -304,13 +255,7 @@ class Upstream:
 
     async def _logging(self, params: Any) -> None:
         """A log line goes to the caller of the call it belongs to, else to capd's log."""
-        if self._relations is not None:
-            token = self._relations.call_of_log(params)
-        elif len(self._inflight) == 1 and not self._overlapped:
-            token = next(iter(self._inflight))
-        else:
-            token = None
-        events = self._inflight.get(token) if token is not None else None
+        events = self._calls.caller_of_log(params)
         if events is not None:
             events.log(str(params.level), params.logger, params.data)
             return
@@ -423,7 +368,7 @@ class Upstream:
                 else:
                     assert spec.url is not None
                     client = await stack.enter_async_context(
-                        bounded_http_client(spec.max_result_bytes, self._relations))
+                        bounded_http_client(spec.max_result_bytes, self._calls.relations))
                     streams = await stack.enter_async_context(streamable_http_client(
                         spec.url, http_client=client,
                         max_sse_event_size=spec.max_result_bytes))
