@@ -187,10 +187,6 @@ async def _probe_unix(spec: UnixProbe) -> None:
             return
 
 
-async def _probe_path(spec: PathProbe) -> None:
-    await asyncio.to_thread(_check_path, spec)
-
-
 def _check_path(spec: PathProbe) -> None:
     path = spec.path
     if not os.path.exists(path):
@@ -272,7 +268,7 @@ async def run_probe(
                 case UnixProbe():
                     await _probe_unix(spec)
                 case PathProbe():
-                    await _probe_path(spec)
+                    await asyncio.to_thread(_check_path, spec)
                 case PythonProbe():
                     await _probe_python(spec, executor)
                 case McpProbe():
