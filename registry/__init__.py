@@ -47,7 +47,6 @@ import failure into a ``PluginError``), the original is kept as its
 ``__cause__``.
 """
 
-
 import importlib
 from typing import TYPE_CHECKING, Any
 
