@@ -23,9 +23,9 @@ import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ._errors import UnknownCapability
 from ._names import is_valid_reference, without_mark
@@ -70,6 +70,9 @@ def _check_entries(entries: tuple[str, ...]) -> tuple[str, ...]:
     return entries
 
 
+Entries = Annotated[tuple[str, ...], AfterValidator(_check_entries)]
+
+
 class AgentServer(BaseModel):
     """``[agents.NAME.servers.ID]``: an MCP server of the agent's own, handed to its runtime
     beside the capd bridge. ``{agent_id}`` and the run's context (``{thread_id}``,
@@ -93,7 +96,7 @@ class AgentSpec(BaseModel):
 
     model_config = _FROZEN
     description: str = ""
-    capabilities: tuple[str, ...] = Field(
+    capabilities: Entries = Field(
         min_length=1, description="Capability names, globs (notes.*) and tags (tag:notes).")
     engine: tuple[str, ...] | None = Field(
         None, min_length=1, description="The program that runs the agent (any agent CLI, a "
@@ -110,11 +113,6 @@ class AgentSpec(BaseModel):
         "name or uid, e.g. capd-agent); else the daemon's own user. Either way the engine "
         "and everything it starts are held to this agent's grant on the socket.")
 
-    @field_validator("capabilities")
-    @classmethod
-    def _entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_entries(value)
-
 
 class InjectionSpec(BaseModel):
     """``[[injections]]``: capabilities added to any agent when the context matches ``when``.
@@ -125,13 +123,8 @@ class InjectionSpec(BaseModel):
 
     model_config = _FROZEN
     when: str
-    add: tuple[str, ...] = Field(min_length=1)
+    add: Entries = Field(min_length=1)
     why: str = ""
-
-    @field_validator("add")
-    @classmethod
-    def _entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_entries(value)
 
     @field_validator("when")
     @classmethod

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import difflib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from ._declarations import capability_from_spec, load_declarations
 from ._errors import DeclarationError
 from ._model import Capability, McpProbe, OpEffect, ToolSpec
-from ._names import is_valid_name
+from ._names import close_hint, is_valid_name
 from ._ops import OpTable, entry_point_modules, load_plugins
 from ._probes import Probe, probe_all
 from ._registry import Registry
 from ._routes import offered_routes, resolve_routes
-from ._upstream import UpstreamPool, left_out_tools, upstream_capabilities
+from ._upstream import left_out_tools, upstream_capabilities
+from ._upstream_session import UpstreamPool
 
 log = structlog.get_logger("capd.build")
 
@@ -130,7 +130,7 @@ async def _assemble(tools: dict[str, ToolSpec], pool: UpstreamPool | None,
         claimed.update(dict.fromkeys(cap.aliases, cap))
         unknown = [t for t in cap.requires if t not in tools]
         if unknown:
-            named = ", ".join(repr(t) + _close_hint(t, tools) for t in unknown)
+            named = ", ".join(repr(t) + close_hint(t, tools) for t in unknown)
             errors.append(DeclarationError(
                 cap.source or "?",
                 f"requires unknown tool {named}; declare it under "
@@ -255,8 +255,3 @@ async def _upstream_capabilities(tools: Mapping[str, ToolSpec], pool: UpstreamPo
         out.extend(made)
     return out, left_out
 
-
-def _close_hint(name: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the known name closest to ``name``, if any is close."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -21,7 +21,6 @@ capability (or topology) and the field; one bad declaration never stops the othe
 
 from __future__ import annotations
 
-import difflib
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ._errors import ConfigError, DeclarationError
 from ._model import Capability, ToolSpec
+from ._names import close_hint
 from ._ops import CapabilitySpec, OpTable, infer_parameters
 from ._template import TemplateError, render
 from ._topology import RESERVED_IDS, Topology, TopologySet
@@ -147,10 +147,7 @@ def _declared_capability(
                                field="op")
     spec = ops.ops.get(op_id)
     if spec is None:
-        close = difflib.get_close_matches(op_id, list(ops.ops), n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else (
-            f" (known ops: {', '.join(sorted(ops.ops)) or 'none'})"
-        )
+        hint = close_hint(op_id, ops.ops) or f" (known ops: {', '.join(sorted(ops.ops)) or 'none'})"
         raise DeclarationError(source, f"unknown op {op_id!r}{hint}", capability=label, field="op")
     params = spec.parameters or infer_parameters(spec.func)
     if params is None:
@@ -267,13 +264,11 @@ def _read(file: Path, source: str) -> dict[str, Any] | DeclarationError:
     """The TOML document in ``file``, or the error that says why it cannot be had."""
     try:
         return tomllib.loads(file.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        error = DeclarationError(source, f"not valid TOML: {exc}", whole_file=True)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        why = f"cannot read: {exc.strerror}" if isinstance(exc, OSError) else (
+            f"not valid TOML: {exc}")
+        error = DeclarationError(source, why, whole_file=True)
         error.__cause__ = exc  # collected, not raised: keep the cause as `from exc` would
-        return error
-    except OSError as exc:
-        error = DeclarationError(source, f"cannot read: {exc.strerror}", whole_file=True)
-        error.__cause__ = exc
         return error
 
 

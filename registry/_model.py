@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from ._host import HostCaps, HostRequirements
 from ._kinds import SAFETY_LEVELS as SAFETY_LEVELS
 from ._kinds import LatencyClass as LatencyClass
 from ._kinds import Safety as Safety
@@ -54,10 +54,6 @@ class _ProbeSpec(BaseModel):
         None, min_length=1, max_length=400,
         description="How to get the tool, e.g. 'apt install git'; shown where it is missing.")
 
-    def template_fields(self) -> dict[str, str]:
-        """Return the string fields that may hold ``{var}`` placeholders."""
-        return {}
-
 
 class CommandProbe(_ProbeSpec):
     """The tool is a CLI: ``which`` finds it on PATH, or ``argv`` runs and exits 0."""
@@ -74,11 +70,6 @@ class CommandProbe(_ProbeSpec):
             raise ValueError("'argv' must name a program")
         return self
 
-    def template_fields(self) -> dict[str, str]:
-        fields = {"which": self.which} if self.which else {}
-        fields.update({f"argv[{i}]": a for i, a in enumerate(self.argv or ())})
-        return fields
-
 
 class HttpProbe(_ProbeSpec):
     """The tool is an HTTP service: ``method url`` answers ``expect_status``."""
@@ -88,9 +79,6 @@ class HttpProbe(_ProbeSpec):
     method: Literal["GET", "HEAD", "POST", "OPTIONS"] = "GET"
     expect_status: int = Field(200, ge=100, le=599)
 
-    def template_fields(self) -> dict[str, str]:
-        return {"url": self.url}
-
 
 class TcpProbe(_ProbeSpec):
     """The tool listens on a TCP port: a connection to ``host:port`` succeeds."""
@@ -99,18 +87,12 @@ class TcpProbe(_ProbeSpec):
     host: str = "127.0.0.1"
     port: int = Field(ge=1, le=65535)
 
-    def template_fields(self) -> dict[str, str]:
-        return {"host": self.host}
-
 
 class UnixProbe(_ProbeSpec):
     """The tool listens on a Unix socket: a connection to ``path`` succeeds."""
 
     kind: Literal["unix"] = "unix"
     path: str
-
-    def template_fields(self) -> dict[str, str]:
-        return {"path": self.path}
 
 
 class PathProbe(_ProbeSpec):
@@ -120,9 +102,6 @@ class PathProbe(_ProbeSpec):
     path: str
     must_be: Literal["any", "file", "dir"] = "any"
     writable: bool = False
-
-    def template_fields(self) -> dict[str, str]:
-        return {"path": self.path}
 
 
 class PythonProbe(_ProbeSpec):
@@ -175,10 +154,6 @@ class McpProbe(_ProbeSpec):
             raise ValueError("'command' must name a program")
         return self
 
-    def template_fields(self) -> dict[str, str]:
-        fields = {"url": self.url} if self.url else {}
-        fields.update({f"command[{i}]": a for i, a in enumerate(self.command or ())})
-        return fields
 
 
 ToolSpec = Annotated[
@@ -206,9 +181,18 @@ class _EffectSpec(BaseModel):
     description: str = ""
     timeout_s: float = Field(5.0, gt=0, le=300)
 
+    _templated: ClassVar[tuple[str, ...]] = ()  # the fields that take ``{param}``
+
     def template_fields(self) -> dict[str, str]:
-        """Return the string fields that take ``{param}`` placeholders."""
-        return {}
+        """Return the string fields that take ``{param}`` placeholders (``argv[0]``, ...)."""
+        fields: dict[str, str] = {}
+        for name in self._templated:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                fields[name] = value
+            elif isinstance(value, tuple):
+                fields.update({f"{name}[{i}]": a for i, a in enumerate(value)})
+        return fields
 
 
 class FileContainsEffect(_EffectSpec):
@@ -218,6 +202,7 @@ class FileContainsEffect(_EffectSpec):
     path: str
     line: str | None = None
     regex: str | None = None
+    _templated = ("path", "line", "regex")
 
     @model_validator(mode="after")
     def _one_of(self) -> FileContainsEffect:
@@ -225,23 +210,13 @@ class FileContainsEffect(_EffectSpec):
             raise ValueError("a file_contains effect needs exactly one of 'line' or 'regex'")
         return self
 
-    def template_fields(self) -> dict[str, str]:
-        fields = {"path": self.path}
-        if self.line is not None:
-            fields["line"] = self.line
-        if self.regex is not None:
-            fields["regex"] = self.regex
-        return fields
-
 
 class FileExistsEffect(_EffectSpec):
     """A file or folder exists at ``path``."""
 
     kind: Literal["file_exists"] = "file_exists"
     path: str
-
-    def template_fields(self) -> dict[str, str]:
-        return {"path": self.path}
+    _templated = ("path",)
 
 
 class HttpEffect(_EffectSpec):
@@ -253,12 +228,7 @@ class HttpEffect(_EffectSpec):
     expect_status: int = Field(200, ge=100, le=599)
     json_field: str | None = None
     json_equals: str | int | float | bool | None = None
-
-    def template_fields(self) -> dict[str, str]:
-        fields = {"url": self.url}
-        if isinstance(self.json_equals, str):
-            fields["json_equals"] = self.json_equals
-        return fields
+    _templated = ("url", "json_equals")
 
 
 class CommandEffect(_EffectSpec):
@@ -266,9 +236,7 @@ class CommandEffect(_EffectSpec):
 
     kind: Literal["command"] = "command"
     argv: tuple[str, ...] = Field(min_length=1)
-
-    def template_fields(self) -> dict[str, str]:
-        return {f"argv[{i}]": a for i, a in enumerate(self.argv)}
+    _templated = ("argv",)
 
 
 class OpEffect(_EffectSpec):
@@ -296,65 +264,6 @@ def estimate_tokens(text: str) -> int:
     The one rule behind the summary and description budgets and search's capsule sizes.
     """
     return -(-len(text) // 4)
-
-
-class HostRequirements(BaseModel):
-    """Where a capability may be offered: an OS, programs on PATH, environment variables."""
-
-    model_config = _FROZEN
-    os: tuple[str, ...] = Field((), description="sys.platform prefixes, e.g. linux, darwin.")
-    binaries: tuple[str, ...] = ()
-    env: tuple[str, ...] = ()
-
-    def unmet(self) -> list[str]:
-        """What this host lacks (empty when every requirement holds)."""
-        import shutil
-        import sys
-
-        missing: list[str] = []
-        if self.os and not any(sys.platform.startswith(o) for o in self.os):
-            missing.append(f"os is {sys.platform}, needs {' or '.join(self.os)}")
-        missing += [f"{b!r} not on PATH" for b in self.binaries if shutil.which(b) is None]
-        missing += [f"${e} not set" for e in self.env if not os.environ.get(e)]
-        return missing
-
-
-
-class HostCaps(BaseModel):
-    """What a caller's host must offer for a capability to be of use to it (the caller says
-    what its host has when it searches): an OS, a screen, tokens, a source-control tool."""
-
-    model_config = _FROZEN
-    os: tuple[str, ...] = Field((), description="OS names it runs for (linux, darwin...).")
-    gui: bool = Field(False, description="Whether it needs a graphical session.")
-    tokens: tuple[str, ...] = Field((), description="Credentials it needs (GITHUB_TOKEN...).")
-    scm: tuple[str, ...] = Field((), description="Source-control tools, one of which it "
-                                 "needs (git, hg...).")
-
-    def unmet(self, host: CallerHost) -> str | None:
-        """Why a caller with ``host`` cannot use it; None when it can."""
-        if self.os and host.os is not None and host.os not in self.os:
-            return f"runs on {' or '.join(self.os)}, the caller's host is {host.os}"
-        if self.gui and host.gui is False:
-            return "needs a graphical session, the caller's host has none"
-        missing = [t for t in self.tokens if t not in host.tokens]
-        if missing and host.tokens_known:
-            return f"needs {', '.join(missing)}, which the caller's host lacks"
-        if self.scm and host.scm is not None and not set(self.scm) & set(host.scm):
-            return f"needs {' or '.join(self.scm)}, the caller's host has none of them"
-        return None
-
-
-class CallerHost(BaseModel):
-    """What a caller says its host has (``host_os``, ``host_gui``, ``host_tokens``,
-    ``host_scm`` on search and list); what it leaves out is not judged."""
-
-    model_config = _FROZEN
-    os: str | None = None
-    gui: bool | None = None
-    tokens: frozenset[str] = frozenset()
-    tokens_known: bool = False
-    scm: tuple[str, ...] | None = None
 
 
 _HOT = "capd_hot_path"  # (func is async, parameter names or None): see model_post_init
@@ -509,26 +418,17 @@ class Capability(BaseModel):
             )
         return value
 
-    @field_validator("summary")
+    @field_validator("summary", "description")
     @classmethod
-    def _summary_fits_a_capsule(cls, value: str) -> str:
+    def _fits_its_budget(cls, value: str, info: ValidationInfo) -> str:
+        budget, where, advice = (
+            (SUMMARY_MAX_TOKENS, "a capsule", "move detail to 'description'")
+            if info.field_name == "summary" else
+            (DESCRIPTION_MAX_TOKENS, "a manifest", "shorten it, or link to the rest"))
         tokens = estimate_tokens(value)
-        if tokens > SUMMARY_MAX_TOKENS:
-            raise ValueError(
-                f"summary is about {tokens} tokens (1 per 4 characters); a capsule allows "
-                f"{SUMMARY_MAX_TOKENS}: move detail to 'description'"
-            )
-        return value
-
-    @field_validator("description")
-    @classmethod
-    def _description_fits_a_manifest(cls, value: str) -> str:
-        tokens = estimate_tokens(value)
-        if tokens > DESCRIPTION_MAX_TOKENS:
-            raise ValueError(
-                f"description is about {tokens} tokens (1 per 4 characters); a manifest allows "
-                f"{DESCRIPTION_MAX_TOKENS}: shorten it, or link to the rest"
-            )
+        if tokens > budget:
+            raise ValueError(f"{info.field_name} is about {tokens} tokens (1 per 4 characters); "
+                             f"{where} allows {budget}: {advice}")
         return value
 
     @model_validator(mode="after")
@@ -579,25 +479,11 @@ class Capability(BaseModel):
         # A model that says nothing about extra keys refuses them (an agent's typo must
         # not be dropped silently); one that sets ``extra`` itself has opted in.
         if self.parameters.model_config.get("extra") is None:
-            known = set()
-            for field_name, info in self.parameters.model_fields.items():
-                known.add(field_name)
-                if isinstance(info.validation_alias, str):
-                    known.add(info.validation_alias)
-                if info.alias:
-                    known.add(info.alias)
-            names = frozenset(known)
+            names = frozenset(
+                known for field_name, info in self.parameters.model_fields.items()
+                for known in (field_name, info.validation_alias, info.alias)
+                if isinstance(known, str) and known)
         self.__dict__[_HOT] = (inspect.iscoroutinefunction(self.func), names)
-
-    @property
-    def _is_async(self) -> bool:
-        value: bool = self.__dict__[_HOT][0]
-        return value
-
-    @property
-    def _param_names(self) -> frozenset[str] | None:
-        value: frozenset[str] | None = self.__dict__[_HOT][1]
-        return value
 
     def unknown_params(self, params: Mapping[str, Any]) -> list[str]:
         """The keys of ``params`` the parameter model does not know (none if it allows extras)."""
@@ -620,11 +506,6 @@ class Capability(BaseModel):
             if route.error_type == ANY_ERROR and not fallback:
                 fallback = route.try_
         return fallback
-
-    @property
-    def is_async(self) -> bool:
-        """Whether ``func`` is a coroutine function."""
-        return self._is_async
 
     async def invoke(
         self, params: BaseModel, *, executor: Executor | None = None,

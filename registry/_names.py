@@ -20,6 +20,7 @@ build answers it (``_build.py``), and :class:`Registry` refuses a clash too.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)+$"
 ALIAS_MAX_LENGTH = 64
@@ -75,3 +76,11 @@ def is_valid_reference(reference: str) -> bool:
     """Whether ``reference`` may name a capability: a name or an alias, with or without ``@``."""
     bare = without_mark(reference)
     return is_valid_alias(bare) or is_valid_name(bare)
+
+
+def close_hint(name: str, known: Iterable[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to ``name``, if any is close."""
+    import difflib  # only when a name was not found
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""

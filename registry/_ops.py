@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from ._errors import DeclarationError, PluginError
 from ._hooks import HookSpec, hooks_of
 from ._hooks import where as _where
+from ._names import close_hint
 from ._outcomes import USER_CODE_FAILURES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -209,9 +210,6 @@ def _plugin_frame(exc: BaseException) -> traceback.FrameSummary | None:
 def _module_hint(name: str) -> str:
     """`` (did you mean 'x'?)`` naming the importable top-level module closest to ``name``
     (those on ``sys.path``, ``plugin_paths`` included)."""
-    import difflib
     import pkgutil
 
-    known = {m.name for m in pkgutil.iter_modules()}
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return close_hint(name, sorted({m.name for m in pkgutil.iter_modules()}), cutoff=0.75)

@@ -22,6 +22,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
+from functools import partial
 from typing import Protocol
 from urllib.parse import quote, unquote, urlsplit
 
@@ -37,7 +38,7 @@ from ._model import (
     UnixProbe,
 )
 from ._outcomes import USER_CODE_FAILURES
-from ._upstream import Upstream, UpstreamError, UpstreamPool
+from ._upstream_session import Upstream, UpstreamError, UpstreamPool
 
 Clock = Callable[[], float]
 
@@ -186,10 +187,6 @@ async def _probe_unix(spec: UnixProbe) -> None:
             return
 
 
-async def _probe_path(spec: PathProbe) -> None:
-    await asyncio.to_thread(_check_path, spec)
-
-
 def _check_path(spec: PathProbe) -> None:
     path = spec.path
     if not os.path.exists(path):
@@ -271,7 +268,7 @@ async def run_probe(
                 case UnixProbe():
                     await _probe_unix(spec)
                 case PathProbe():
-                    await _probe_path(spec)
+                    await asyncio.to_thread(_check_path, spec)
                 case PythonProbe():
                     await _probe_python(spec, executor)
                 case McpProbe():
@@ -302,12 +299,6 @@ async def probe_all(
     The whole batch costs about the slowest probe, not the sum. With no
     ``probe`` given, the real probes run, plain Python probes on ``executor``.
     """
-    if not specs:
-        return {}
-    if probe is not None:
-        results = await asyncio.gather(*(probe(tool, spec) for tool, spec in specs.items()))
-        return {r.tool: r for r in results}
-    results = await asyncio.gather(
-        *(run_probe(tool, spec, executor=executor, upstreams=upstreams)
-          for tool, spec in specs.items()))
+    run = probe or partial(run_probe, executor=executor, upstreams=upstreams)
+    results = await asyncio.gather(*(run(tool, spec) for tool, spec in specs.items()))
     return {r.tool: r for r in results}

@@ -195,10 +195,6 @@ class Registry:
         """Return the last probe result of ``tool``, if it was ever probed."""
         return self._probes.get(tool)
 
-    def capabilities_requiring(self, tool: str) -> frozenset[str]:
-        """Return the names of capabilities that require ``tool``."""
-        return frozenset(self._by_tool.get(tool, ()))
-
     def disabled_tools(self) -> frozenset[str]:
         """Return every tool some disabled capability misses."""
         return frozenset(t for entry in self._disabled.values() for t in entry.missing)

@@ -1,5 +1,9 @@
-"""Which capd call a streamable-HTTP server's message belongs to (see ``_bounded_http``).
+"""Which capd call an upstream server's request or log line belongs to.
 
+:class:`CallsInFlight` holds the calls in flight to one server and answers whose a
+server's message is: over streamable HTTP the call's own response stream says
+(:class:`Relations`, fed by ``_bounded_http``); over stdio a message names no call,
+so it is the one call in flight's, and only when no other call overlapped it.
 Kept apart from the HTTP client so that what an upstream session needs to route a
 message imports nothing of httpx.
 """
@@ -10,6 +14,8 @@ from collections import OrderedDict
 from typing import Any
 
 import orjson
+
+from ._events import CallEvents, CannotAsk
 
 CALL_META = "io.capd/call"
 """The ``_meta`` key of a ``tools/call`` that names the capd call making it."""
@@ -47,6 +53,84 @@ class Relations:
         book[key] = call
         while len(book) > _KEPT:
             book.popitem(last=False)
+
+
+class CallsInFlight:
+    """The calls in flight to one server, each with its caller's stream (None: the caller
+    has none), and which of them a server's request or log line belongs to."""
+
+    def __init__(self, tool_id: str, relations: Relations | None) -> None:
+        self.tool_id = tool_id
+        self.relations = relations  # over streamable HTTP, which call each message came with
+        self._calls: dict[int, CallEvents | None] = {}
+        self._started = 0
+        # calls that another call to this server overlapped (over stdio, whose questions
+        # name no call, a question during one could be the other's: it goes to none)
+        self._overlapped: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def start(self, events: CallEvents | None) -> int:
+        """Note a call starting (its caller's stream ``events``); return its token."""
+        self._started += 1
+        token = self._started
+        if self._calls:  # they overlap: over stdio no question can be placed in either
+            self._overlapped.update(self._calls)
+            self._overlapped.add(token)
+        self._calls[token] = events
+        return token
+
+    def end(self, token: int) -> None:
+        """Note the call ``token`` ended."""
+        del self._calls[token]
+        self._overlapped.discard(token)
+
+    def _owner(self, kind: str, request_id: Any) -> int:
+        """The call a server request belongs to; raise :class:`CannotAsk` saying why none
+        can be told (see the module docstring)."""
+        if self.relations is not None:  # streamable HTTP: the stream it came on says
+            token = self.relations.call_of_request(request_id)
+            if token is None:
+                raise CannotAsk(f"the {kind} request of {self.tool_id} came on no call's "
+                                "stream; capd relays one only to the client whose call made it")
+            if token not in self._calls:
+                raise CannotAsk(f"the call the {kind} request of {self.tool_id} belongs to "
+                                "has ended; capd relays it to no other client")
+            return token
+        if not self._calls:
+            raise CannotAsk(f"capd relays a {kind} request only to the client whose call "
+                            f"made it, and no call to {self.tool_id} is in flight")
+        if len(self._calls) > 1:
+            raise CannotAsk(f"{len(self._calls)} calls to {self.tool_id} are in flight and "
+                            f"the {kind} request names none of them; capd sends it to none")
+        token = next(iter(self._calls))
+        if token in self._overlapped:
+            raise CannotAsk(f"another call to {self.tool_id} ran beside this one, and a {kind} "
+                            "request over stdio names none: it could be the other's, so capd "
+                            "sends it to none")
+        return token
+
+    def caller_of_request(self, kind: str, request_id: Any = None) -> CallEvents:
+        """The stream of the call the request belongs to, if its caller can answer
+        ``kind``; raise :class:`CannotAsk` (saying why) otherwise."""
+        events = self._calls[self._owner(kind, request_id)]
+        if events is None:
+            raise CannotAsk(f"the client of this call to {self.tool_id} opened no stream "
+                            f"(Accept: application/x-ndjson), so it cannot answer {kind}")
+        if kind not in events.answers:
+            raise CannotAsk(f"the client of this call to {self.tool_id} cannot answer {kind}")
+        return events
+
+    def caller_of_log(self, params: Any) -> CallEvents | None:
+        """The stream of the call a log line belongs to; None when it cannot be placed."""
+        if self.relations is not None:
+            token = self.relations.call_of_log(params)
+        elif len(self._calls) == 1 and not self._overlapped:
+            token = next(iter(self._calls))
+        else:
+            token = None
+        return self._calls.get(token) if token is not None else None
 
 
 def _log_key(params: Any) -> bytes:

@@ -17,13 +17,12 @@ looked up in it.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Container, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ._names import without_mark
+from ._names import close_hint, without_mark
 
 ANY_ERROR = "*"
 # An error type as a ToolResult carries it: ``timeout``, ``capability_disabled``,
@@ -110,9 +109,7 @@ def resolve_routes(
             canonical = known.get(without_mark(target))
             where = f"{target!r} (error_type {route.error_type!r})"
             if canonical is None:
-                close = difflib.get_close_matches(without_mark(target), list(known), n=1,
-                                                  cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = close_hint(without_mark(target), known)
                 problems.append(f"{where} is not a capability{hint}")
             elif canonical == name:
                 problems.append(f"{where} names the capability itself")

@@ -51,6 +51,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ._errors import DeclarationError, InvalidTopology, UnknownTopology
+from ._names import close_hint
 
 ID_PATTERN = r"^[a-z][a-z0-9_-]*$"
 # `GET /topologies/validate` is a route of its own: a topology by that id could never be shown.
@@ -180,13 +181,8 @@ class TopologySet:
 
 
 def _unknown(kind: str, name: str, known: Collection[str], where: str) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    if close:
-        hint = f" (did you mean {close[0]!r}?)"
-    elif known:
-        hint = f" ({kind}s: {', '.join(sorted(known))})"
-    else:
-        hint = f" (no {kind} is declared{where})"
+    hint = close_hint(name, known) or (f" ({kind}s: {', '.join(sorted(known))})" if known
+                                       else f" (no {kind} is declared{where})")
     return f"unknown {kind} {name!r}{hint}"
 
 
