@@ -92,16 +92,13 @@ class Store(Protocol):
 
     shared: bool
 
+    write_error: str | None
+    write_error_at: float | None
+    batches: int
+    operations: int
+
     @property
     def where(self) -> str: ...
-    @property
-    def write_error(self) -> str | None: ...
-    @property
-    def write_error_at(self) -> float | None: ...
-    @property
-    def batches(self) -> int: ...
-    @property
-    def operations(self) -> int: ...
 
     def run(self, script: Script[T]) -> Awaitable[T]:
         """``script`` in one transaction; its value once committed."""

@@ -179,17 +179,12 @@ class PgStore:
         if self._migrated:
             return
 
-        async def version(conn: AsyncConnection[Any]) -> int:
-            row = await (await conn.execute("SELECT max(version) AS v FROM capd_schema")
-                         ).fetchone()
-            return int(row["v"]) if row and row["v"] is not None else 0
-
         async def migrate(conn: AsyncConnection[Any]) -> None:
             async with conn.transaction():
                 found = await (await conn.execute(
                     "SELECT to_regclass('capd_schema') IS NOT NULL AS made")).fetchone()
                 # reading needs no CREATE right
-                at = await version(conn) if found is not None and found["made"] else 0
+                at = await self._version(conn) if found is not None and found["made"] else 0
                 if at >= PG_SCHEMA_VERSION:
                     if at > PG_SCHEMA_VERSION:
                         raise _newer(at)
@@ -197,7 +192,7 @@ class PgStore:
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
                 await conn.execute("CREATE TABLE IF NOT EXISTS capd_schema (version INTEGER "
                                    "NOT NULL)")
-                at = await version(conn)
+                at = await self._version(conn)
                 if at > PG_SCHEMA_VERSION:
                     raise _newer(at)
                 for target in range(at + 1, PG_SCHEMA_VERSION + 1):
@@ -287,9 +282,10 @@ class PgStore:
         return "ok" if version == PG_SCHEMA_VERSION else f"schema version {version}"
 
     @staticmethod
-    async def _version(conn: AsyncConnection[Any]) -> Any:
+    async def _version(conn: AsyncConnection[Any]) -> int:
+        """The schema version the database is at (0: none)."""
         row = await (await conn.execute("SELECT max(version) AS v FROM capd_schema")).fetchone()
-        return row["v"] if row else None
+        return int(row["v"]) if row and row["v"] is not None else 0
 
 
 class PgRetryQueue(QueueCore[PgStore]):
