@@ -179,12 +179,12 @@ class Capd:
     async def session(self, name: str) -> str:
         # The queue's own pooled connection (a private attribute: the bench reads what
         # capd's sessions run with, not what a fresh connection would).
-        async with self.queue._pool.connection() as conn:
+        async with self.queue._store._pool.connection() as conn:
             return await show(conn, name)
 
     def pool(self) -> str:
-        stats = self.queue._pool.get_stats()
-        return f"{stats.get('pool_size')} of {self.queue._pool.max_size} connections"
+        stats = self.queue._store._pool.get_stats()
+        return f"{stats.get('pool_size')} of {self.queue._store._pool.max_size} connections"
 
     async def close(self) -> None:
         await self.queue.close()

@@ -18,6 +18,9 @@ process (a plain op's thread its call gave up on) is neither verified nor
 replayed: it is postponed, without counting an attempt, until that thread
 ends; past ``attempt_running_max_s`` it goes to ``needs_operator``.
 
+Each attempt's outcome (:class:`Outcome`) is decided once and written once, with
+the trail of its verification, in one transaction.
+
 A queue that cannot be written (a full disk) never stops the sweep: it logs,
 backs off and tries again, and resumes by itself when space returns.
 """
@@ -29,6 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -40,6 +44,7 @@ from ._attempts import RunningAttempts
 from ._calls import apply_passive_health, call_capability
 from ._effects import verify_post_write_effects
 from ._errors import QueueClosed, QueueStorageError
+from ._job_queue import Outcome
 from ._jobs import Job
 from ._recheck import Rechecker
 from ._store import JobQueue
@@ -164,33 +169,45 @@ class RetrySweep:
         self.outcomes[outcome] += 1
         log.info("job_" + outcome, job=job.id, capability=job.capability, attempt=job.attempts)
 
-    async def _wait_for_running_attempt(self, job: Job) -> bool:
-        """Postpone or park ``job`` while an earlier attempt of it still runs; True if so.
+    async def process(self, job: Job) -> None:
+        """Take one claimed job to its next state: its outcome is decided once, then written
+        in one transaction (with the trail of its verification)."""
+        decided = await self._decide(job)
+        if decided is None:
+            self._count("lost_lease", job)
+            return
+        outcome, label = decided
+        settled = await self._queue.settle(job, outcome)
+        # a completion counts once written; a retry by where it went; the rest as decided
+        if settled is not None and label is None:
+            label = {"dead": "dead", "needs_operator": "parked"}.get(settled.state, "retry")
+        if label is not None and (settled is not None or outcome.kind != "complete"):
+            self._count(label, job)
+
+    def _running_attempt(self, job: Job) -> tuple[Outcome, str] | None:
+        """Postpone or park ``job`` while an earlier attempt of it still runs; None if none does.
 
         Its write may still land: verifying now could find it absent and replay
         it, and replaying now could do it twice.
         """
         running_s = self.running.running_for_s(job.id)
         if running_s is None:
-            return False
+            return None
         if running_s >= self.attempt_running_max_s:
-            await self._queue.park(
-                job, reason=f"an earlier attempt has been running for {running_s:.0f}s after its "
-                "call gave up on it and may still land its write; check the effect, then "
+            return Outcome(
+                "park", error=f"an earlier attempt has been running for {running_s:.0f}s after "
+                "its call gave up on it and may still land its write; check the effect, then "
                 f"`capd queue retry {job.id}` or `capd queue cancel {job.id}`",
-                error_class="attempt_still_running")
-            self._count("parked", job)
-            return True
+                error_class="attempt_still_running"), "parked"
         wait_s = min(max(1.0, running_s / 2), self.attempt_running_max_s - running_s)
-        await self._queue.postpone(
-            job, run_at=self._clock() + wait_s,
+        return Outcome(
+            "postpone", run_at=self._clock() + wait_s,
             detail=f"an earlier attempt is still running ({running_s:.1f}s); not verified or "
-            f"replayed until it ends; looking again in {wait_s:.1f}s")
-        self._count("postponed", job)
-        return True
+            f"replayed until it ends; looking again in {wait_s:.1f}s"), "postponed"
 
-    async def process(self, job: Job) -> None:
-        """Take one claimed job to its next state."""
+    async def _decide(self, job: Job) -> tuple[Outcome, str | None] | None:
+        """What ``job``'s attempt comes to (verifying, calling), and the outcome's name for
+        the counts (None: by the state it goes to); None when the lease was lost."""
         registry = self._registry()
         try:
             cap = registry.get(job.capability)
@@ -198,39 +215,36 @@ class RetrySweep:
             since = self._vanished(job.capability)
             if since is not None:  # the latest reload took it away: a fix brings it back
                 when = time.strftime("%H:%M:%S", time.localtime(since))
-                await self._queue.postpone(
-                    job, run_at=self._clock() + self.vanished_wait_s,
+                return Outcome(
+                    "postpone", run_at=self._clock() + self.vanished_wait_s,
                     detail=f"capability {job.capability!r} left the registry at the reload of "
                     f"{when}; waiting for a reload to bring it back (looking again in "
-                    f"{self.vanished_wait_s:g}s; `capd queue cancel {job.id}` to drop it)")
-                self._count("postponed", job)
-                return
-            await self._queue.park(job, reason=f"capability {job.capability!r} no longer exists "
-                                   "(removed by a reload?); fix it and `capd queue retry`")
-            self._count("parked", job)
-            return
+                    f"{self.vanished_wait_s:g}s; `capd queue cancel {job.id}` to drop it)"
+                ), "postponed"
+            return Outcome("park", error=f"capability {job.capability!r} no longer exists "
+                           "(removed by a reload?); fix it and `capd queue retry`",
+                           error_class="needs_operator"), "parked"
         try:
             params = cap.parameters.model_validate(job.params)
         except (ValidationError, SystemExit, KeyboardInterrupt) as exc:  # a validator exited
-            await self._queue.retry_later(job, error=f"parameters no longer valid: {exc}",
-                                          error_class="invalid_params", permanent=True)
-            self._count("dead", job)
-            return
-        if await self._wait_for_running_attempt(job):
-            return
+            return Outcome("retry", error=f"parameters no longer valid: {exc}",
+                           error_class="invalid_params", permanent=True), "dead"
+        running = self._running_attempt(job)
+        if running is not None:
+            return running
         disabled = registry.disabled_entry(cap.name) is not None
         if disabled:
             disabled = not (await self._rechecker.recheck_disabled_capability(cap.name)).live
         if disabled and not cap.replay_while_disabled:  # its operator says: tools first
             entry = registry.disabled_entry(cap.name)
             missing = ", ".join(entry.missing) if entry is not None else "its tools"
-            await self._queue.postpone(
-                job, run_at=self._clock() + self._queue.backoff.down_wait_s,
+            return Outcome(
+                "postpone", run_at=self._clock() + self._queue.backoff.down_wait_s,
                 detail=f"{cap.name} is disabled (missing {missing}) and declares "
-                "replay_while_disabled = false: waiting for its tools, no attempt spent")
-            self._count("postponed", job)
-            return
+                "replay_while_disabled = false: waiting for its tools, no attempt spent"
+            ), "postponed"
 
+        notes: tuple[tuple[str, str | None, Any], ...] = ()
         if job.policy == "verify_first":
             with tracing.optional_span(f"queue.verify {cap.name}", {
                     "gen_ai.tool.name": cap.name, "capd.job.id": job.id}) as current:
@@ -238,30 +252,22 @@ class RetrySweep:
                                                                executor=self._verify_executor)
                 if current is not None:
                     current.set_attribute("capd.verify.verdict", verification.verdict)
-            await self._queue.record(job, "verify", verification.verdict, verification.as_dict())
+            notes = (("verify", verification.verdict, verification.as_dict()),)
             if verification.verdict == "verified":
-                if await self._queue.complete(job, detail="effects verified: the write had "
-                                              "landed; not called again"):
-                    self._count("verified", job)
-                return
+                return Outcome("complete", detail="effects verified: the write had landed; "
+                               "not called again", notes=notes), "verified"
             if verification.verdict == "unknown":
                 detail = "; ".join(c.detail for c in verification.checks if c.status == "unknown")
-                await self._queue.retry_later(
-                    job, error=f"verification could not decide: {detail}",
-                    error_class="verify_unknown")
-                self._count("verify_unknown", job)
-                return
+                return Outcome("retry", error=f"verification could not decide: {detail}",
+                               error_class="verify_unknown", notes=notes), "verify_unknown"
             if verification.verdict == "partial" and cap.partial_replay != "safe":
-                await self._queue.park(job, reason="effects are partly present and replay is "
-                                       "not declared safe (partial_replay = 'safe')",
-                                       error_class="partial_effects")
-                self._count("parked", job)
-                return
+                return Outcome("park", error="effects are partly present and replay is not "
+                               "declared safe (partial_replay = 'safe')",
+                               error_class="partial_effects", notes=notes), "parked"
 
         # The call may outlive the lease taken at claim time (verification took a while).
-        if not await self._queue.extend_lease(job, cap.timeout_s + self.grace_s):
-            self._count("lost_lease", job)
-            return
+        if not await self._queue.extend_lease(job, cap.timeout_s + self.grace_s, notes=notes):
+            return None
         with tracing.optional_span(f"queue.replay {cap.name}", {
                 "gen_ai.tool.name": cap.name, "capd.job.id": job.id}) as current:
             outcome = await call_capability(cap, params, unknown_errors_are_transient=disabled,
@@ -272,24 +278,17 @@ class RetrySweep:
             self.running.add(job.id, outcome.abandoned)
         detail = f"{outcome.kind}: {outcome.error_type or ''} {outcome.message or ''}".strip()
         if outcome.kind in ("success", "partial"):
-            if await self._queue.complete(job, state="done" if outcome.kind == "success"
-                                          else "partial", detail=detail):
-                self._count("replayed", job)
-            return
+            return Outcome("complete", "done" if outcome.kind == "success" else "partial",
+                           detail=detail), "replayed"
         apply_passive_health(registry, cap, outcome)
+        if outcome.kind == "blocked":
+            return Outcome("park", error=detail, error_class="blocked"), "parked"
         # Known down (disabled before the call, or disabled now that the call found its
         # tool down): the failure is the tool's, not the write's, and spends no attempt.
         # A failure of a capability still live counts, whatever it was.
         down = outcome.kind == "transient" and (
             disabled or registry.disabled_entry(cap.name) is not None)
-        if outcome.kind == "blocked":
-            await self._queue.park(job, reason=detail, error_class="blocked")
-            self._count("parked", job)
-            return
-        updated = await self._queue.retry_later(
-            job, error=outcome.message or outcome.kind, error_class=outcome.error_type or "error",
-            retry_after_s=outcome.retry_after_s, permanent=outcome.kind == "permanent",
-            down=down)
-        if updated is not None:
-            self._count("dead" if updated.state == "dead" else
-                        "parked" if updated.state == "needs_operator" else "retry", job)
+        return Outcome("retry", error=outcome.message or outcome.kind,
+                       error_class=outcome.error_type or "error",
+                       retry_after_s=outcome.retry_after_s,
+                       permanent=outcome.kind == "permanent", down=down), None

@@ -73,7 +73,7 @@ class Harness:
 
     async def make_due(self) -> None:
         """Pull every pending job's due time to now (skip the back-off in a test)."""
-        await self.queue._transaction(
+        await self.queue._store.transaction(
             lambda db: db.execute("UPDATE jobs SET next_run_at = 0 WHERE state = 'pending'"))
 
 
