@@ -36,3 +36,40 @@ def test_every_page_is_in_the_navigation_and_the_readme_links_into_it() -> None:
     assert len(readme.splitlines()) <= 200
     for target in re.findall(r"\]\((docs/[^)]+)\)", readme):
         assert (ROOT / target).exists(), target
+
+
+def test_the_references_are_rendered_from_the_code(tmp_path: Path) -> None:
+    """The API and configuration references are the models themselves: every row with its
+    route and each of its parameters, every key of capd.toml, in the built site."""
+    from capd.sidecar._args import params_of
+    from capd.sidecar._table import COMMANDS
+    from capd.sidecar.server._config import CapdConfig, McpHttpConfig
+
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    try:
+        import reference
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_hooks"))
+    api, config = reference.api_reference(), reference.config_reference()
+    for row in COMMANDS:
+        assert f"`{row.method} {row.path}`" in api, row.id
+        for param in params_of(row.params):
+            assert f"| `{param.name}`" in api, (row.id, param.name)
+    for name in CapdConfig.model_fields:
+        assert f"| `{name}` |" in config or f"`[{name}]`" in config, name
+    http = config.split("#### `[mcp.http]`")[1].split("####")[0]
+    for name in McpHttpConfig.model_fields:
+        assert f"| `{name}` |" in http, name
+    assert "#### `[[peers]]`" in config
+    assert "#### `[profiles.NAME]`" in config
+    assert "| `limit` (`--limit`) | query `limit` | int | `100` | ≥ 1, ≤ 1000 |" in api
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site"), "--config-file", str(ROOT / "mkdocs.yml")],
+                          capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "site" / "api" / "index.html").read_text()
+    assert "invoke_capability" in page
+    assert "capd:api" not in page
+    settings = (tmp_path / "site" / "config-reference" / "index.html").read_text()
+    assert "queue_retention_s" in settings

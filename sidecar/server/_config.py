@@ -215,21 +215,34 @@ class CapdConfig(BaseSettings):
     plugins: list[str] = Field(default_factory=list, description="Python modules holding ops.")
     plugin_paths: list[str] = Field(default_factory=list, description="Folders put on sys.path.")
     declarations: list[str] = Field(default_factory=list, description="TOML files or folders.")
-    tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    vars: dict[str, str] = Field(default_factory=dict)
+    tools: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "Tools capabilities need, by id: kind (command, http, tcp, unix, path, python) "
+        "and how to probe it."))
+    vars: dict[str, str] = Field(default_factory=dict,
+        description="Values substituted as {name} into tools, declaration options and seeds.")
     seed: list[SeedSpec] = Field(
         default_factory=list, description="Folders copied into place when missing, at start.")
-    entry_points: bool = True
-    socket: str | None = None
-    state_dir: str | None = None
-    recheck_cooldown_s: float = Field(30.0, ge=0)
-    recheck_interval_s: float = Field(30.0, gt=0)
+    entry_points: bool = Field(
+        True, description="Also load modules advertised under the capd.plugins entry point.")
+    socket: str | None = Field(None, description=(
+        "The Unix socket (default: /run/capd/capd.sock as root, else "
+        "$XDG_RUNTIME_DIR/capd/capd.sock)."))
+    state_dir: str | None = Field(None, description=(
+        "Where the queue, consent and tokens live (default: /var/lib/capd as root, else "
+        "$XDG_STATE_HOME/capd)."))
+    recheck_cooldown_s: float = Field(30.0, ge=0,
+        description="A tool is probed again on demand at most this often.")
+    recheck_interval_s: float = Field(30.0, gt=0,
+        description="Disabled capabilities' tools are re-probed in the background this often.")
     probe_live_interval_s: float | None = Field(
         60.0, gt=0, description="Re-probe live tools this often too; null turns it off."
     )
-    drain_grace_s: float = Field(10.0, ge=0)
-    max_body_bytes: int = Field(1 << 20, ge=1024)
-    queue_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    drain_grace_s: float = Field(10.0, ge=0,
+        description="At shutdown, calls in flight get this long to finish.")
+    max_body_bytes: int = Field(1 << 20, ge=1024,
+        description="The largest request body the socket takes (413 above).")
+    queue_synchronous: Literal["FULL", "NORMAL"] = Field(
+        "FULL", description="The queue file's synchronous pragma: FULL survives power loss.")
     queue_url: str | None = Field(
         None, description="postgresql://… : keep the retry queue in PostgreSQL, shared by "
         "every daemon given the same URL (a fleet); unset, it is the SQLite file in the state "
@@ -241,25 +254,35 @@ class CapdConfig(BaseSettings):
         None, ge=0, description="Free space kept on the queue's file system for finishing "
         "queued jobs: new jobs are refused below it (NOT queued: disk nearly full). Default: "
         "the larger of 16 MiB and 5 % of the file system.")
-    retry_base_s: float = Field(1.0, gt=0)
-    retry_factor: float = Field(2.0, ge=1)
-    retry_cap_s: float = Field(300.0, gt=0)
-    retry_max_attempts: int = Field(8, ge=1)
-    retry_max_age_s: float = Field(7 * 86400.0, gt=0)
+    retry_base_s: float = Field(1.0, gt=0,
+        description="A queued write's first retry waits this long...")
+    retry_factor: float = Field(2.0, ge=1,
+        description="... each next one this many times longer...")
+    retry_cap_s: float = Field(300.0, gt=0,
+        description="... but never longer than this.")
+    retry_max_attempts: int = Field(8, ge=1,
+        description="Attempts a queued write may spend before it is dead (an outage spends none).")
+    retry_max_age_s: float = Field(7 * 86400.0, gt=0,
+        description="A queued write older than this is dead, whatever its attempts.")
     queue_retention_s: float = Field(
         7 * 86400.0, gt=0, description="How long done and cancelled jobs are kept (with "
         "their trails) before they are removed in the background.")
-    lease_grace_s: float = Field(5.0, ge=0)
-    verify_grace_s: float = Field(2.0, ge=0)
-    sweep_batch: int = Field(32, ge=1, le=1000)
-    health_pending_age_s: float = Field(600.0, gt=0)
+    lease_grace_s: float = Field(5.0, ge=0,
+        description="A sweep's lease outlives the call's timeout by this much.")
+    verify_grace_s: float = Field(2.0, ge=0,
+        description="How long a declared effect may take to show before it is checked.")
+    sweep_batch: int = Field(32, ge=1, le=1000,
+        description="Due jobs the sweep claims at once.")
+    health_pending_age_s: float = Field(600.0, gt=0,
+        description="/health warns when the oldest pending job is older than this.")
     allow_uids: list[int] = Field(default_factory=list, description="Peers besides our uid.")
     allow_gids: list[int] = Field(default_factory=list, description="Peer groups allowed.")
     operator_uids: list[int] = Field(
         default_factory=list, description="Uids besides root and the daemon's own that may use "
         "the operator rows (queue, reload, status, metrics, consent, sessions...).")
     call_rate_per_s: float = Field(5000.0, ge=0, description="Per-peer /call rate; 0 = off.")
-    call_burst: int = Field(10000, ge=1)
+    call_burst: int = Field(10000, ge=1,
+        description="... and the burst it allows.")
     request_timeout_s: float = Field(
         10.0, gt=0, description="A request's headers and body must arrive within this.")
     max_connections: int = Field(
@@ -274,8 +297,11 @@ class CapdConfig(BaseSettings):
         16, ge=1, le=256, description="Threads for plain probes, verifiers and hooks.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
-    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
-    peers: list[PeerConfig] = Field(default_factory=list)
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict, description=(
+        "Named reaches ([profiles.NAME]): the capabilities and tags a peer, token or bridge "
+        "is held to."))
+    peers: list[PeerConfig] = Field(default_factory=list,
+        description="Peers bound by uid or gid to a profile and a channel.")
     agents: dict[str, AgentSpec] = Field(
         default_factory=dict, description="[agents.NAME]: what each agent may use, explicitly.")
     injections: list[InjectionSpec] = Field(
