@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,9 +132,19 @@ def peer_uid() -> Iterator[int]:
         return
     except KeyError:
         pass
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                    "/usr/sbin/nologin", PEER], check=True, timeout=60)
+    _accounts("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PEER)
     try:
         yield pwd.getpwnam(PEER).pw_uid
     finally:
-        subprocess.run(["userdel", PEER], check=True, timeout=60)
+        _accounts("userdel", PEER)
+
+
+def _accounts(*command: str) -> None:
+    """Run useradd or userdel, again while another test worker holds the passwd lock
+    (exit 10: it cannot lock /etc/passwd)."""
+    for _ in range(100):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 10:
+            break
+        time.sleep(0.1)
+    assert done.returncode == 0, done.stderr

@@ -3,14 +3,16 @@ in ``conftest.py``, makes the user and removes it)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from .daemon import DaemonProcess
 
-PEER = "capd-test-peer"
-"""The second user the tests make."""
+PEER = "capd-test-peer" + (f"-{os.environ['PYTEST_XDIST_WORKER']}"
+                           if "PYTEST_XDIST_WORKER" in os.environ else "")
+"""The second user the tests make (one per test worker, when they run in parallel)."""
 
 
 def curl_as(uid: int, socket_path: Path, path: str, body: str | None = None) -> str:
