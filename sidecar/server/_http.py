@@ -241,12 +241,11 @@ class HttpConnection(asyncio.Protocol):
             self.close()
             return
         if not self._state.admit(self, self.last_active):
-            self._closing = True
             self._transport.write(encode_response(_problem(
                 503, f"capd is at its connection limit ({self._state.max_connections} open "
                 "connections); retry in a moment, and close connections you do not use"),
                 keep_alive=False))
-            self._transport.close()
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection; a running handler finishes and its answer is dropped."""

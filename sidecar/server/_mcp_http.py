@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import ssl
 from collections import OrderedDict
@@ -395,12 +396,8 @@ async def serve(door: FrontDoor, config: Any, sock: socket.socket,
     loop = asyncio.get_running_loop()
     connections = door.connections
     assert connections is not None
-    protocol_class = config.http_protocol_class
-
-    def make_http() -> asyncio.Protocol:
-        protocol: asyncio.Protocol = protocol_class(
-            config=config, server_state=state, app_state={}, _loop=loop)
-        return protocol
+    make_http = functools.partial(config.http_protocol_class, config=config,
+                                  server_state=state, app_state={}, _loop=loop)
 
     async def keep_date() -> None:  # what uvicorn's server loop did: Date on every answer
         while True:
