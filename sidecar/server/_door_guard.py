@@ -29,7 +29,6 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -40,22 +39,14 @@ from ._http_limits import OpenSet
 log = structlog.get_logger("capd.mcp_http")
 
 
-@dataclass(frozen=True, slots=True)
-class DoorLimits:
-    """The front door's connection limits (from ``[mcp.http]``)."""
-
-    max_connections: int = 1024
-    max_per_peer: int = 512
-    head_timeout_s: float = 10.0
-
-
 class DoorConnections(OpenSet[Any]):
     """The open connections of one front door (the socket's open set, ``OpenSet``), also
-    held to ``max_per_peer`` from one address."""
+    held to ``max_per_peer`` from one address; ``head_timeout_s`` bounds each head (and
+    TLS handshake)."""
 
-    def __init__(self, limits: DoorLimits) -> None:
-        super().__init__(limits.max_connections, event_prefix="mcp_http_")
-        self.limits = limits
+    def __init__(self, max_connections: int, max_per_peer: int, head_timeout_s: float) -> None:
+        super().__init__(max_connections, event_prefix="mcp_http_")
+        self.max_per_peer, self.head_timeout_s = max_per_peer, head_timeout_s
         self.per_peer: collections.Counter[str] = collections.Counter()
         self._peer_of: dict[Any, str] = {}
         self.closed = False  # the door stopped: a connection finishing its handshake is dropped
@@ -65,7 +56,7 @@ class DoorConnections(OpenSet[Any]):
         connection of that address makes room, at the total cap any idle one; False
         (refuse it) when none can."""
         now = time.monotonic()
-        if self.per_peer[peer] >= self.limits.max_per_peer and not self.evict(
+        if self.per_peer[peer] >= self.max_per_peer and not self.evict(
                 now, lambda c: self._peer_of.get(c) == peer):
             return self.refuse(now)
         if not self.admit(conn, now):
@@ -86,7 +77,7 @@ class DoorConnections(OpenSet[Any]):
 
 def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
     """uvicorn's h11 protocol held to ``connections``' caps and head timeout."""
-    head_timeout_s = connections.limits.head_timeout_s
+    head_timeout_s = connections.head_timeout_s
 
     class GuardedH11(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
@@ -98,25 +89,23 @@ def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if connections.closed:  # its door stopped during its handshake
-                transport.abort()
-                return
             peer = self.client[0] if self.client else "?"
-            if not connections.admit_from(self, peer):
+            # closed: its door stopped during its handshake
+            if connections.closed or not connections.admit_from(self, peer):
                 transport.abort()
-                return
-            self._arm_head_timer()
+            else:
+                self._arm_head_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
             connections.forget(self)
-            self._disarm_head_timer()
+            self._arm_head_timer(arm=False)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             connections.touch(self)
             super().data_received(data)
             if self.busy:
-                self._disarm_head_timer()
+                self._arm_head_timer(arm=False)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -125,17 +114,15 @@ def guarded_h11(connections: DoorConnections) -> type[H11Protocol]:
 
         def abort(self) -> None:
             """Close now (evicted): nothing is in progress, so nothing is lost."""
-            self._disarm_head_timer()
+            self._arm_head_timer(arm=False)
             self.transport.abort()
 
-        def _arm_head_timer(self) -> None:
-            self._disarm_head_timer()
-            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timed_out)
-
-        def _disarm_head_timer(self) -> None:
+        def _arm_head_timer(self, arm: bool = True) -> None:
+            """Start the head timer anew (``arm``), or stop it."""
             if self._head_timer is not None:
                 self._head_timer.cancel()
-                self._head_timer = None
+            self._head_timer = (self.loop.call_later(head_timeout_s, self._head_timed_out)
+                                if arm else None)
 
         def _head_timed_out(self) -> None:
             self._head_timer = None
@@ -172,7 +159,7 @@ async def accept_tls(listener: socket.socket, connections: DoorConnections,
     would stop uvloop's listener; a handshake run by the server would be neither counted
     nor evictable.)"""
     loop = asyncio.get_running_loop()
-    timeout_s = connections.limits.head_timeout_s
+    timeout_s = connections.head_timeout_s
 
     async def handshake(pending: PendingTls) -> None:
         try:

@@ -120,10 +120,9 @@ def _problem(status: int, detail: str) -> HttpResponse:
     return HttpResponse(status, json.dumps(body).encode(), "application/problem+json")
 
 
-def _internal_error() -> HttpResponse:
-    """The answer when the handler failed in a way the API did not turn into a problem."""
-    return HttpResponse(500, b'{"title":"Internal Error","status":500}',
-                        "application/problem+json")
+_INTERNAL_ERROR: Final = HttpResponse(500, b'{"title":"Internal Error","status":500}',
+                                      "application/problem+json")
+"""The answer when the handler failed in a way the API did not turn into a problem."""
 
 
 def encode_response(response: HttpResponse, *, keep_alive: bool, head: bool = False) -> bytes:
@@ -165,29 +164,9 @@ class _Call:
     reserved: int
 
 
-@dataclass(slots=True)
-class _Refusal:
-    """An answer the server makes itself (413, 400, 408): the connection closes after it."""
-
-    response: HttpResponse
-
-
-class _Continue:
-    """``100 Continue``: the body of the request being read may come."""
-
-
-_CONTINUE_MARK: Final = _Continue()
-_Item = _Call | _Refusal | _Continue
-
-
-def _too_many_connections(max_connections: int) -> HttpResponse:
-    return _problem(503, f"capd is at its connection limit ({max_connections} open "
-                         "connections); retry in a moment, and close connections you do not use")
-
-
-def _request_timeout(timeout_s: float) -> HttpResponse:
-    return _problem(408, f"the request did not arrive whole within {timeout_s:g} s; "
-                         "send the headers and body without pausing, then retry")
+_Item = _Call | HttpResponse | bytes
+"""A request for the handler; an answer the server makes itself (413, 400, 408: the
+connection closes after it); or ``100 Continue`` (the body being read may come)."""
 
 
 # -- one connection -------------------------------------------------------------
@@ -262,10 +241,11 @@ class HttpConnection(asyncio.Protocol):
             self.close()
             return
         if not self._state.admit(self, self.last_active):
-            self._closing = True
-            self._transport.write(encode_response(
-                _too_many_connections(self._state.max_connections), keep_alive=False))
-            self._transport.close()
+            self._transport.write(encode_response(_problem(
+                503, f"capd is at its connection limit ({self._state.max_connections} open "
+                "connections); retry in a moment, and close connections you do not use"),
+                keep_alive=False))
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection; a running handler finishes and its answer is dropped."""
@@ -580,14 +560,14 @@ class HttpConnection(asyncio.Protocol):
     def _refuse(self, response: HttpResponse) -> None:
         """Answer ``response`` after every earlier answer, parse nothing more, then close."""
         self._end_parsing()
-        self._enqueue(_Refusal(response))
+        self._enqueue(response)
 
     def _refuse_body(self) -> None:
         """Queue a 413 now; the rest of the body is read and dropped, then the connection closed."""
         self._settle_claims()
         self._body = []
         self._discarding = True
-        self._enqueue(_Refusal(self._hooks.too_large()))
+        self._enqueue(self._hooks.too_large())
 
     def _maybe_finish(self) -> None:
         if self._answered_last and not self._discarding:
@@ -604,7 +584,7 @@ class HttpConnection(asyncio.Protocol):
     def _send_continue(self) -> None:
         """``100 Continue`` now if nothing is owed before it, else in its turn."""
         if self.busy:
-            self._enqueue(_CONTINUE_MARK)
+            self._enqueue(_CONTINUE)
         else:
             self._write(_CONTINUE)
 
@@ -625,13 +605,13 @@ class HttpConnection(asyncio.Protocol):
                 if isinstance(item, _Call):
                     if not await self._answer(item):
                         return
-                elif isinstance(item, _Refusal):
-                    self._write(encode_response(item.response, keep_alive=False))
+                elif isinstance(item, HttpResponse):
+                    self._write(encode_response(item, keep_alive=False))
                     self._answered_last = True
                     self._maybe_finish()
                     return
                 else:
-                    self._write(_CONTINUE)
+                    self._write(item)
             if self._eof and not self._closing and not self._owes_more():
                 self.close()
         finally:
@@ -644,7 +624,7 @@ class HttpConnection(asyncio.Protocol):
             response = await self._hooks.handler(request)
         except Exception as exc:  # the API turns errors into answers; this is a guard
             log.error("handler_crashed", path=request.path, error=repr(exc))
-            response = _internal_error()
+            response = _INTERNAL_ERROR
         finally:
             self._state.budget.release(self, call.reserved)
         if self._closing:
@@ -656,7 +636,7 @@ class HttpConnection(asyncio.Protocol):
                                    head=request.method == "HEAD" or separate)
         except (UnicodeEncodeError, TypeError) as exc:  # a header HTTP cannot carry
             log.error("response_unencodable", path=request.path, error=repr(exc))
-            data = encode_response(_internal_error(), keep_alive=request.keep_alive)
+            data = encode_response(_INTERNAL_ERROR, keep_alive=request.keep_alive)
             separate = False
         self._write(data)
         if separate:
@@ -731,7 +711,9 @@ class HttpConnection(asyncio.Protocol):
             if self._discarding:  # its 413 is queued: stop reading the rest
                 self._end_parsing()
             else:
-                self._refuse(_request_timeout(state.request_timeout_s))
+                self._refuse(_problem(408, "the request did not arrive whole within "
+                                      f"{state.request_timeout_s:g} s; send the headers and "
+                                      "body without pausing, then retry"))
             return "timed_out"
         idle_s = now - self.last_active
         if not self.busy and not self._claim_waits and idle_s > state.idle_timeout_s:
@@ -747,24 +729,6 @@ class HttpConnection(asyncio.Protocol):
     def busy(self) -> bool:
         """Whether a request is being answered or waits to be."""
         return self._task is not None or bool(self._pending) or bool(self._parked)
-
-    @property
-    def queued(self) -> int:
-        """Answers waiting in the queue."""
-        return len(self._pending)
-
-    @property
-    def write_buffer_bytes(self) -> int:
-        """Bytes written and not yet taken by the socket."""
-        return 0 if self._closing else self._transport.get_write_buffer_size()
-
-    @property
-    def reading_paused(self) -> bool:
-        return self._flow.read_paused
-
-    @property
-    def writing_paused(self) -> bool:
-        return self._flow.write_paused
 
     def close(self) -> None:
         """Close the connection once what is written has gone out."""
@@ -830,10 +794,11 @@ class HttpServer:
             "buffered_bytes": state.budget.used_bytes,
             "peak_buffered_bytes": state.budget.peak_bytes,
             "waiting_for_buffer": state.budget.waiting,
-            "queued_answers": sum(c.queued for c in conns),
-            "write_buffer_bytes": sum(c.write_buffer_bytes for c in conns),
-            "reading_paused": sum(c.reading_paused for c in conns),
-            "writing_paused": sum(c.writing_paused for c in conns),
+            "queued_answers": sum(len(c._pending) for c in conns),
+            "write_buffer_bytes": sum(c._transport.get_write_buffer_size() for c in conns
+                                      if not c._closing),
+            "reading_paused": sum(c._flow.read_paused for c in conns),
+            "writing_paused": sum(c._flow.write_paused for c in conns),
             "evicted": state.evicted,
             "refused": state.refused,
             "timed_out": state.timed_out,

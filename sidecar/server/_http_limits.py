@@ -20,15 +20,21 @@ import structlog
 log = structlog.get_logger("capd.http")
 
 
-class Holder(Protocol):
-    """A connection, as the budget and the open set see it (``Holder`` is one)."""
-
-    reserved_bytes: int
+class Evictable(Protocol):
+    """A connection as an open set sees it: whether a request is in progress, and how to
+    close it at once."""
 
     @property
     def busy(self) -> bool: ...
-    def admitted(self) -> None: ...
     def abort(self) -> None: ...
+
+
+class Holder(Evictable, Protocol):
+    """A connection, as the budget and the open set see it."""
+
+    reserved_bytes: int
+
+    def admitted(self) -> None: ...
 
 
 class BufferBudget:
@@ -152,15 +158,6 @@ class BufferBudget:
             self._granting = False
 
 
-class Evictable(Protocol):
-    """A connection as an open set sees it: whether a request is in progress, and how to
-    close it at once."""
-
-    @property
-    def busy(self) -> bool: ...
-    def abort(self) -> None: ...
-
-
 K = TypeVar("K", bound=Evictable)
 
 
@@ -175,13 +172,11 @@ class OpenSet(Generic[K]):
         self.max_connections = max_connections
         # Open connections, the one active longest ago first (see touch()).
         self.connections: collections.OrderedDict[K, None] = collections.OrderedDict()
-        self.evicted = 0
-        self.refused = 0
-        self.timed_out = 0
-        self._evicted_event = f"{event_prefix}connection_evicted"
-        self._refused_event = f"{event_prefix}connection_refused"
-        self._unlogged = {self._evicted_event: 0, self._refused_event: 0}
-        self._logged_at = {self._evicted_event: -1.0, self._refused_event: -1.0}
+        self.evicted = self.refused = self.timed_out = 0
+        self._prefix = event_prefix
+        # evictions and refusals not logged yet, and when each was last logged
+        self._unlogged = {"evicted": 0, "refused": 0}
+        self._logged_at = {"evicted": -1.0, "refused": -1.0}
 
     def admit(self, conn: K, now: float) -> bool:
         """Count ``conn`` in, evicting the connection silent longest with nothing in progress
@@ -201,13 +196,13 @@ class OpenSet(Generic[K]):
         self.forget(victim)
         victim.abort()
         self.evicted += 1
-        self._note(self._evicted_event, now)
+        self._note("evicted", now)
         return True
 
     def refuse(self, now: float) -> bool:
         """Count a connection refused; False (what :meth:`admit` answers)."""
         self.refused += 1
-        self._note(self._refused_event, now)
+        self._note("refused", now)
         return False
 
     def touch(self, conn: K) -> None:
@@ -218,20 +213,20 @@ class OpenSet(Generic[K]):
     def forget(self, conn: K) -> None:
         self.connections.pop(conn, None)
 
-    def _note(self, event: str, now: float) -> None:
-        self._unlogged[event] += 1
-        if now - self._logged_at[event] >= 1.0:
+    def _note(self, what: str, now: float) -> None:
+        self._unlogged[what] += 1
+        if now - self._logged_at[what] >= 1.0:
             self.flush_log(now)
 
     def flush_log(self, now: float) -> None:
         """Log the evictions and refusals not logged yet (the reaper calls this too)."""
-        for event, count in self._unlogged.items():
+        for what, count in self._unlogged.items():
             if count:
-                self._unlogged[event] = 0
-                self._logged_at[event] = now
-                log.warning(event, count=count, open=len(self.connections),
-                            max_connections=self.max_connections, evicted=self.evicted,
-                            refused=self.refused)
+                self._unlogged[what] = 0
+                self._logged_at[what] = now
+                log.warning(f"{self._prefix}connection_{what}", count=count,
+                            open=len(self.connections), max_connections=self.max_connections,
+                            evicted=self.evicted, refused=self.refused)
 
 
 C = TypeVar("C", bound=Holder)

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import ssl
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlencode
@@ -39,7 +40,7 @@ import orjson
 import structlog
 
 from ._grant import Caller, Grant, Narrowing
-from ._http import HttpRequest
+from ._http import MAX_HEADER_BYTES, HttpRequest
 from ._tokens import TokenRecord, TokenRefused, TokenStore
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("capd.mcp_http")
 
 TOKEN_SCOPE_KEY = "capd.token"
-MAX_HEAD_BYTES = 64 * 1024
-"""The most a request's line and headers may take (the socket API's limit too)."""
 
 
 class LocalLink:
@@ -126,11 +125,7 @@ class FrontDoor:
             "capd", version=capd_version(),
             instructions="Find capabilities with search_capabilities, read one with "
             "get_capability, call it with invoke_capability.",
-            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
-            on_list_resources=self._list_resources,
-            on_list_resource_templates=self._list_resource_templates,
-            on_read_resource=self._read_resource,
-            on_list_prompts=self._list_prompts, on_get_prompt=self._get_prompt)
+            **{f"on_{kind}": self._sdk(kind, args) for kind, args in _ASKS.items()})
         self.server = server
         self.options = server.create_initialization_options(
             NotificationOptions(resources_changed=True, prompts_changed=True))
@@ -167,49 +162,26 @@ class FrontDoor:
         self._grants[key] = (authority, grant)
         return grant
 
-    # The SDK's handlers: the bridge answers in JSON, made into the SDK's results here.
+    def _sdk(self, kind: str, args: Callable[[Any, Any], tuple[Any, ...]]) -> Any:
+        """The SDK's handler of ``kind`` (``call_tool``): the session's bridge answers in
+        JSON (its method ``kind``, with ``args(ctx, params)``), made into the SDK's result
+        (``CallToolResult``) here; a :class:`BridgeError` becomes the SDK's ``MCPError``."""
+        import mcp_types
+        from mcp.shared.exceptions import MCPError
 
-    async def _list_tools(self, ctx: Any, params: Any) -> Any:
-        import mcp_types as types
+        from capd.sidecar.client._mcp import BridgeError
 
-        return types.ListToolsResult.model_validate(await self._bridge(ctx).list_tools())
+        model = getattr(mcp_types, kind.title().replace("_", "") + "Result")
 
-    async def _call_tool(self, ctx: Any, params: Any) -> Any:
-        import mcp_types as types
+        async def handle(ctx: Any, params: Any) -> Any:
+            bridge = self._bridge(ctx)
+            try:
+                answer = await getattr(bridge, kind)(*args(ctx, params))
+            except BridgeError as exc:
+                raise MCPError(exc.code, exc.message) from exc
+            return model.model_validate(answer)
 
-        answer = await _sdk(self._bridge(ctx).call_tool(params.name, params.arguments,
-                                                        _SdkPeer(ctx)))
-        return types.CallToolResult.model_validate(answer)
-
-    async def _list_resources(self, ctx: Any, params: Any) -> Any:
-        import mcp_types as types
-
-        answer = await _sdk(self._bridge(ctx).list_resources())
-        return types.ListResourcesResult.model_validate(answer)
-
-    async def _list_resource_templates(self, ctx: Any, params: Any) -> Any:
-        import mcp_types as types
-
-        answer = await _sdk(self._bridge(ctx).list_resource_templates())
-        return types.ListResourceTemplatesResult.model_validate(answer)
-
-    async def _read_resource(self, ctx: Any, params: Any) -> Any:
-        import mcp_types as types
-
-        answer = await _sdk(self._bridge(ctx).read_resource(str(params.uri)))
-        return types.ReadResourceResult.model_validate(answer)
-
-    async def _list_prompts(self, ctx: Any, params: Any) -> Any:
-        import mcp_types as types
-
-        return types.ListPromptsResult.model_validate(
-            await _sdk(self._bridge(ctx).list_prompts()))
-
-    async def _get_prompt(self, ctx: Any, params: Any) -> Any:
-        import mcp_types as types
-
-        answer = await _sdk(self._bridge(ctx).get_prompt(params.name, params.arguments))
-        return types.GetPromptResult.model_validate(answer)
+        return handle
 
     def _bridge(self, ctx: Any) -> Any:
         """The bridge of this MCP session (made at its first request), holding the token
@@ -270,16 +242,18 @@ class FrontDoor:
         await self.manager.handle_request(scope, receive, send)
 
 
-async def _sdk(answer: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    """The bridge's answer, its :class:`BridgeError` made the SDK's ``MCPError``."""
-    from mcp.shared.exceptions import MCPError
+def _no_args(ctx: Any, params: Any) -> tuple[Any, ...]:
+    return ()
 
-    from capd.sidecar.client._mcp import BridgeError
 
-    try:
-        return await answer
-    except BridgeError as exc:
-        raise MCPError(exc.code, exc.message) from exc
+_ASKS: dict[str, Callable[[Any, Any], tuple[Any, ...]]] = {
+    "list_tools": _no_args, "list_resources": _no_args, "list_resource_templates": _no_args,
+    "list_prompts": _no_args,
+    "call_tool": lambda ctx, params: (params.name, params.arguments, _SdkPeer(ctx)),
+    "read_resource": lambda ctx, params: (str(params.uri),),
+    "get_prompt": lambda ctx, params: (params.name, params.arguments)}
+"""The MCP requests a front door serves: the bridge's method of that name answers each,
+with these arguments from the request (its SDK context and params)."""
 
 
 class _SdkPeer:
@@ -385,19 +359,18 @@ def door_config(door: FrontDoor, settings: McpHttpConfig,
     ``max_connections`` lowering the cap to what the daemon's descriptors allow."""
     import uvicorn
 
-    from ._door_guard import DoorConnections, DoorLimits, guarded_h11
+    from ._door_guard import DoorConnections, guarded_h11
 
     cap = min(settings.max_connections, max_connections or settings.max_connections)
-    connections = DoorConnections(DoorLimits(
-        max_connections=cap, max_per_peer=min(cap, settings.max_connections_per_peer),
-        head_timeout_s=settings.head_timeout_s))
+    connections = DoorConnections(cap, min(cap, settings.max_connections_per_peer),
+                                  settings.head_timeout_s)
     door.connections = connections
     config = uvicorn.Config(
         door, lifespan="off", log_level="warning", access_log=False, loop="none",
         # h11 bounds a request's head (httptools took a 64 MiB header whole, per
         # connection); the guard bounds connections and their heads' time (uvicorn's
         # limit_concurrency would answer 503 to token holders behind idle connections)
-        http=guarded_h11(connections), h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        http=guarded_h11(connections), h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
         ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
     config.load()  # reads the certificate and key: a bad one fails here, not later
@@ -422,12 +395,8 @@ async def serve(door: FrontDoor, config: Any, sock: socket.socket,
     loop = asyncio.get_running_loop()
     connections = door.connections
     assert connections is not None
-    protocol_class = config.http_protocol_class
-
-    def make_http() -> asyncio.Protocol:
-        protocol: asyncio.Protocol = protocol_class(
-            config=config, server_state=state, app_state={}, _loop=loop)
-        return protocol
+    make_http = functools.partial(config.http_protocol_class, config=config,
+                                  server_state=state, app_state={}, _loop=loop)
 
     async def keep_date() -> None:  # what uvicorn's server loop did: Date on every answer
         while True:
@@ -560,7 +529,7 @@ class FrontDoors:
                 "serving": self._serving is not None and not self._serving[0].done(),
                 "connections": None if connections is None else {
                     "open": len(connections.connections),
-                    "max": connections.limits.max_connections,
+                    "max": connections.max_connections,
                     "evicted": connections.evicted, "refused": connections.refused,
                     "head_timeouts": connections.timed_out}}
 

@@ -7,7 +7,7 @@ already keeps), so the call path pays for one histogram observation only.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from ._services import Services
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_Family = CounterMetricFamily | GaugeMetricFamily
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0, 30.0)
 
@@ -56,6 +57,15 @@ class LatencyHistogram(Collector):
         yield family
 
 
+def _family(kind: type[_Family], name: str, documentation: str, labels: list[str],
+            samples: Iterable[tuple[Any, float]]) -> _Family:
+    """A metric family of ``kind`` with one sample per ``(label value(s), value)``."""
+    family = kind(name, documentation, labels=labels)
+    for key, value in samples:
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family
+
+
 class DaemonCollector(Collector):
     """Reads the daemon's state at scrape time. ``queue_stats`` is filled just before."""
 
@@ -64,80 +74,56 @@ class DaemonCollector(Collector):
         self.queue_stats: Any = None
 
     def collect(self) -> Iterator[Any]:
-        d = self._services
-        decisions = CounterMetricFamily(
-            "capd_policy_decisions", "Policy decisions by step (profile, consent, loop, hook, "
-            "fallback) and decision (allow, warn, annotate, block, answered, exhausted).",
-            labels=["kind", "decision"])
-        for (kind, decision), n in sorted(d.policy.decisions.items()):
-            decisions.add_metric([kind, decision], n)
-        yield decisions
-        calls = CounterMetricFamily("capd_calls", "Calls by capability and result state.",
-                                    labels=["capability", "status"])
-        for name, by_status in d.gateway.stats.by_status.items():
-            for status, n in by_status.items():
-                calls.add_metric([name, status], n)
-        yield calls
+        d, counter, gauge = self._services, CounterMetricFamily, GaugeMetricFamily
+        yield _family(counter, "capd_policy_decisions", "Policy decisions by step (profile, "
+                      "consent, loop, hook, fallback) and decision (allow, warn, annotate, "
+                      "block, answered, exhausted).", ["kind", "decision"],
+                      sorted(d.policy.decisions.items()))
+        yield _family(counter, "capd_calls", "Calls by capability and result state.",
+                      ["capability", "status"],
+                      (((name, status), n) for name, by_status in d.gateway.stats.by_status.items()
+                       for status, n in by_status.items()))
 
         registry = d.registry
         counts = registry.counts()
-        caps = GaugeMetricFamily("capd_capabilities", "Capabilities by state.", labels=["state"])
-        caps.add_metric(["live"], counts["live"])
-        caps.add_metric(["disabled"], counts["disabled"])
-        yield caps
-        yield GaugeMetricFamily("capd_declaration_errors", "Declarations that failed to load.",
-                                value=counts["errors"])
+        yield _family(gauge, "capd_capabilities", "Capabilities by state.", ["state"],
+                      [("live", counts["live"]), ("disabled", counts["disabled"])])
+        yield gauge("capd_declaration_errors", "Declarations that failed to load.",
+                    value=counts["errors"])
 
-        up = GaugeMetricFamily("capd_tool_up", "1 when the tool's last probe passed.",
-                               labels=["tool"])
-        latency = GaugeMetricFamily("capd_tool_probe_latency_seconds",
-                                    "Latency of the tool's last probe.", labels=["tool"])
-        checked = GaugeMetricFamily("capd_tool_probe_timestamp_seconds",
-                                    "When the tool was last probed (epoch).", labels=["tool"])
-        for tool in sorted(registry.tool_ids()):
-            result = registry.probe_result(tool)
-            if result is None:
-                continue
-            up.add_metric([tool], 1.0 if result.ok else 0.0)
-            latency.add_metric([tool], result.latency_s)
-            checked.add_metric([tool], result.checked_at)
-        yield up
-        yield latency
-        yield checked
+        probes = [(tool, result) for tool in sorted(registry.tool_ids())
+                  if (result := registry.probe_result(tool)) is not None]
+        yield _family(gauge, "capd_tool_up", "1 when the tool's last probe passed.", ["tool"],
+                      [(tool, 1.0 if result.ok else 0.0) for tool, result in probes])
+        yield _family(gauge, "capd_tool_probe_latency_seconds",
+                      "Latency of the tool's last probe.", ["tool"],
+                      [(tool, result.latency_s) for tool, result in probes])
+        yield _family(gauge, "capd_tool_probe_timestamp_seconds",
+                      "When the tool was last probed (epoch).", ["tool"],
+                      [(tool, result.checked_at) for tool, result in probes])
 
         stats = d.rechecker.stats
-        rechecks = CounterMetricFamily("capd_rechecks", "Tool rechecks by outcome.",
-                                       labels=["outcome"])
-        rechecks.add_metric(["probed"], stats.probes)
-        rechecks.add_metric(["cooldown"], stats.skipped_cooldown)
-        rechecks.add_metric(["shared"], stats.shared)
-        yield rechecks
-        yield CounterMetricFamily("capd_capabilities_restored",
-                                  "Capabilities restored by a recheck.", value=stats.restored)
+        yield _family(counter, "capd_rechecks", "Tool rechecks by outcome.", ["outcome"],
+                      [("probed", stats.probes), ("cooldown", stats.skipped_cooldown),
+                       ("shared", stats.shared)])
+        yield counter("capd_capabilities_restored", "Capabilities restored by a recheck.",
+                      value=stats.restored)
 
-        reloads = CounterMetricFamily("capd_reloads", "Full reloads by result.",
-                                      labels=["result"])
-        reloads.add_metric(["ok"], d.reloader.ok_count)
-        reloads.add_metric(["failed"], d.reloader.count - d.reloader.ok_count)
-        yield reloads
-        last = d.reloader.last
-        yield GaugeMetricFamily("capd_reload_duration_seconds", "Duration of the last reload.",
-                                value=last.duration_s if last else 0.0)
+        reloader = d.reloader
+        yield _family(counter, "capd_reloads", "Full reloads by result.", ["result"],
+                      [("ok", reloader.ok_count), ("failed", reloader.count - reloader.ok_count)])
+        yield gauge("capd_reload_duration_seconds", "Duration of the last reload.",
+                    value=reloader.last.duration_s if reloader.last else 0.0)
 
         if self.queue_stats is not None:
-            jobs = GaugeMetricFamily("capd_queue_jobs", "Retry jobs by state.", labels=["state"])
-            for state, n in self.queue_stats.by_state.items():
-                jobs.add_metric([state], n)
-            yield jobs
-            yield GaugeMetricFamily("capd_queue_oldest_pending_age_seconds",
-                                    "Age of the oldest pending or leased job.",
-                                    value=self.queue_stats.oldest_pending_age_s or 0.0)
+            yield _family(gauge, "capd_queue_jobs", "Retry jobs by state.", ["state"],
+                          self.queue_stats.by_state.items())
+            yield gauge("capd_queue_oldest_pending_age_seconds",
+                        "Age of the oldest pending or leased job.",
+                        value=self.queue_stats.oldest_pending_age_s or 0.0)
         if d.sweep is not None:
-            sweep = CounterMetricFamily("capd_sweep_outcomes", "Retry sweep outcomes.",
-                                        labels=["outcome"])
-            for outcome, n in d.sweep.outcomes.items():
-                sweep.add_metric([outcome], n)
-            yield sweep
+            yield _family(counter, "capd_sweep_outcomes", "Retry sweep outcomes.", ["outcome"],
+                          d.sweep.outcomes.items())
 
 
 class Metrics:
@@ -145,16 +131,13 @@ class Metrics:
 
     def __init__(self, services: Services) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.call_latency = LatencyHistogram("capd_call_duration_seconds",
-                                             "Call latency by capability.")
-        self.registry.register(self.call_latency)
+        call_latency = LatencyHistogram("capd_call_duration_seconds",
+                                        "Call latency by capability.")
+        self.registry.register(call_latency)
+        self.observe_call = call_latency.observe  # one call's latency: (capability, duration_s)
         self.collector = DaemonCollector(services)
         self.registry.register(self.collector)
         self._services = services
-
-    def observe_call(self, capability: str, duration_s: float) -> None:
-        """Record one call's latency."""
-        self.call_latency.observe(capability, duration_s)
 
     async def render(self) -> bytes:
         """The text exposition, with fresh queue figures."""

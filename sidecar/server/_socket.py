@@ -31,11 +31,10 @@ def is_answering(path: Path, timeout_s: float = 1.0) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(timeout_s)
         try:
-            probe.connect(str(path))
+            with contextlib.suppress(TimeoutError):  # a full backlog: still a live daemon
+                probe.connect(str(path))
         except (ConnectionRefusedError, FileNotFoundError):
             return False
-        except TimeoutError:
-            return True  # a listener with a full backlog is still a live daemon
         return True
 
 
@@ -100,18 +99,6 @@ def bind_unix_socket(path: Path) -> socket.socket:
     return sock
 
 
-def socket_inode(path: Path) -> int:
-    """The inode of the socket file at ``path`` (to recognise it at shutdown)."""
-    return path.lstat().st_ino
-
-
-def remove_socket(path: Path, inode: int) -> None:
-    """Unlink ``path`` only if it is still the socket file we bound (inode ``inode``)."""
-    with contextlib.suppress(OSError):
-        if path.lstat().st_ino == inode:
-            path.unlink()
-
-
 @contextlib.asynccontextmanager
 async def serve_unix_socket(path: Path, server: HttpServer) -> AsyncIterator[Path]:
     """Serve ``server`` on the socket systemd handed over, or on one bound at ``path``
@@ -129,14 +116,15 @@ async def serve_unix_socket(path: Path, server: HttpServer) -> AsyncIterator[Pat
         log.info("socket_inherited", socket=str(path))
     else:
         sock = bind_unix_socket(path)
-        inode = socket_inode(path)
+        inode = path.lstat().st_ino  # to know the file at shutdown
     try:
         await server.start(sock)
         yield path
     finally:
         await server.close(grace_s=2.0)
-        if inode is not None:
-            remove_socket(path, inode)
+        with contextlib.suppress(OSError):  # unlinked only if still the file bound here
+            if inode is not None and path.lstat().st_ino == inode:
+                path.unlink()
 
 
 FD_RESERVE = 256

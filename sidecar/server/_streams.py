@@ -45,6 +45,14 @@ MAX_QUEUED_LINES = 1024
 ANSWER_KINDS = frozenset({"sampling", "elicitation"})
 
 
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` unless it is done, and wait for it (its cancellation reaches the server)."""
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
 def wants_stream(headers: Any) -> bool:
     """Whether the request asked for a streamed answer (``Accept: application/x-ndjson``)."""
     return NDJSON in headers.get("accept", "")
@@ -70,6 +78,8 @@ class CallStream:
         self._questions: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._asked = 0
         self.open = True
+        self._task: asyncio.Task[Any]  # the call, and its answer's line: see body()
+        self._last_line: Callable[[Any], bytes]
 
     # -- the call's side (registry.CallEvents) ------------------------------------------
 
@@ -131,30 +141,25 @@ class CallStream:
             return True
         await self._until_something(task, gone)
         if gone is not None and gone.is_set() and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            await _cancel(task)
             raise ConnectionResetError("the client left before the call answered")
         return bool(self._lines)
 
-    def body(self, task: asyncio.Task[Any],
-             last_line: Callable[[Any], bytes]) -> StreamedCall:
-        """The HTTP body that streams this call until ``task`` ends with ``last_line``."""
-        return StreamedCall(self, task, last_line)
+    def body(self, task: asyncio.Task[Any], last_line: Callable[[Any], bytes]) -> CallStream:
+        """This stream as the HTTP body (``_http.StreamBody``) that streams the call
+        until ``task`` ends, with ``last_line`` of its result last."""
+        self._task, self._last_line = task, last_line
+        return self
 
-    async def run(self, task: asyncio.Task[Any], send: Callable[[bytes], Awaitable[None]],
-                  gone: asyncio.Event,
-                  last_line: Callable[[Any], bytes]) -> None:
+    async def run(self, send: Callable[[bytes], Awaitable[None]], gone: asyncio.Event) -> None:
         """Send events as they come; the result last. A client that leaves cancels the
         call (and it is waited for, so its cancellation reaches the server)."""
+        task = self._task
         try:
             await self._pump(task, send, gone)
-            await send(last_line(task.result()) + b"\n")
+            await send(self._last_line(task.result()) + b"\n")
         except BaseException:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            await _cancel(task)
             raise
         finally:
             self.close()
@@ -195,17 +200,6 @@ class CallStream:
             if not future.done():
                 future.set_exception(CannotAsk("the client of this call has gone"))
         self._forget(self.call_id)
-
-
-class StreamedCall:
-    """The HTTP layer's view of a :class:`CallStream` (``_http.StreamBody``)."""
-
-    def __init__(self, stream: CallStream, task: asyncio.Task[Any],
-                 last_line: Callable[[Any], bytes]) -> None:
-        self._stream, self._task, self._last_line = stream, task, last_line
-
-    async def run(self, send: Callable[[bytes], Awaitable[None]], gone: asyncio.Event) -> None:
-        await self._stream.run(self._task, send, gone, self._last_line)
 
 
 class Streams:

@@ -67,10 +67,6 @@ class Notifier:
         """Shutdown begins."""
         self.notify("STOPPING=1", "STATUS=draining")
 
-    def status(self, text: str) -> None:
-        """A new status line."""
-        self.notify(f"STATUS={text}")
-
     def close(self) -> None:
         """Close the datagram socket."""
         if self._sock is not None:
@@ -107,19 +103,10 @@ async def run_watchdog(
     how many pings were sent. ``sleep`` is injectable for tests.
     """
     pings = 0
-
-    async def default_sleep(seconds: float) -> None:
-        try:
-            async with asyncio.timeout(seconds):
-                await stop.wait()
-        except TimeoutError:
-            pass
-
-    wait = sleep or default_sleep
     while not stop.is_set():
         notifier.notify("WATCHDOG=1")
         pings += 1
-        await wait(interval_s)
+        await (sleep(interval_s) if sleep is not None else _wait(stop, interval_s))
     return pings
 
 
@@ -132,11 +119,16 @@ async def report_status(notifier: Notifier, status_line: Callable[[int | None], 
     while not stop.is_set():
         line = status_line(await queued())
         if line != last:
-            notifier.status(line)
+            notifier.notify(f"STATUS={line}")
             last = line
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(interval_s):
-                await stop.wait()
+        await _wait(stop, interval_s)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    """Until ``stop`` is set, or ``seconds`` at most."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stop.wait()
 
 
 def inherited_socket(environ: Mapping[str, str] | None = None) -> socket.socket | None:
