@@ -332,7 +332,8 @@ profile = "nothing"
     got = daemon.call("POST", "/prompts/full.review", {"code": "x = 1"})
     assert got.status == 200, got.body
     assert got.body["messages"][0]["content"]["text"] == "Please review: x = 1"
-    assert daemon.call("POST", "/prompts/full.review", {"code": 1}).status == 400
+    not_text = daemon.call("POST", "/prompts/full.review", {"code": 1})
+    assert (not_text.status, not_text.body["errors"][0]["loc"]) == (422, ["arguments", "code"])
 
     cli = subprocess.run([PY, "-m", "capd", "resources", "read", "capd://full/memo://logo",
                           "--output-dir", str(short_tmp / "out"), "--socket",
