@@ -481,7 +481,7 @@ def test_resource_and_prompt_refusals_are_answers_not_failures(
     assert missing.status == 502, missing.body
     assert "city" in missing.body["detail"]
     assert everything.call("POST", "/prompts/everything.args-prompt",
-                           {"city": 7}).status == 400
+                           {"city": 7}).status == 422
     absent = everything.call("POST", "/resources/read",
                              {"uri": "capd://everything/demo://resource/dynamic/text/abc"})
     assert absent.status == 502, absent.body

@@ -400,7 +400,7 @@ def test_preflight_names_exactly_the_missing_consent_and_each_refusal(
     assert body["ready"] == [0, 4]
     assert body["ok"] is False
     bad = daemon.call("POST", "/preflight", {"calls": "all of them"})
-    assert bad.status == 400
+    assert (bad.status, bad.body["errors"][0]["loc"]) == (422, ["calls"])
 
 
 # -------------------------------------------------------------------------------- loops
