@@ -13,12 +13,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._terminal import Document, echo, one_line
-
-
-def _cell(value: Any) -> str:
-    """``value`` as text for one row of a table: on one line, nothing raw in it."""
-    return one_line(str(value))
+from ._terminal import Document, echo
+from ._terminal import one_line as _cell  # a value for one row: nothing raw in it
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]],
