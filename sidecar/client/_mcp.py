@@ -563,26 +563,25 @@ class Bridge:
 
     # ------------------------------------------------- resources and prompts
 
-    async def _offers(self, path: str, kind: str) -> list[dict[str, Any]]:
-        """The daemon's list of ``kind`` (what this bridge's grant may see)."""
+    async def _offers(self, kind: str) -> list[dict[str, Any]]:
+        """The daemon's list of ``kind`` (what this bridge's grant may see); resources and
+        prompts are then watched for changes (:meth:`changes`)."""
+        path = "/prompts" if kind == "prompts" else "/resources"
         body = await self._ask("GET", path, None)
         if not isinstance(body, dict):
             raise BridgeError(f"capd answered {body!r} to GET {path}")
         items: list[dict[str, Any]] = body.get(kind, [])
+        if kind != "templates":
+            self._offers_seen[kind] = frozenset(json.dumps(i, sort_keys=True) for i in items)
         return items
-
-    def _seen(self, kind: str, items: list[dict[str, Any]]) -> None:
-        self._offers_seen[kind] = frozenset(json.dumps(i, sort_keys=True) for i in items)
 
     async def list_resources(self) -> dict[str, Any]:
         """Every upstream's resources, as ``capd://<prefix>/<uri>``."""
-        items = await self._offers("/resources", "resources")
-        self._seen("resources", items)
-        return {"resources": items}
+        return {"resources": await self._offers("resources")}
 
     async def list_resource_templates(self) -> dict[str, Any]:
         """Every upstream's resource templates."""
-        return {"resourceTemplates": await self._offers("/resources", "templates")}
+        return {"resourceTemplates": await self._offers("templates")}
 
     async def read_resource(self, uri: str) -> dict[str, Any]:
         """One resource, read by the daemon from its server."""
@@ -591,9 +590,7 @@ class Bridge:
 
     async def list_prompts(self) -> dict[str, Any]:
         """Every upstream's prompts, as ``<prefix>.<name>``."""
-        items = await self._offers("/prompts", "prompts")
-        self._seen("prompts", items)
-        return {"prompts": items}
+        return {"prompts": await self._offers("prompts")}
 
     async def get_prompt(self, name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
         """One prompt with its arguments."""
@@ -602,6 +599,7 @@ class Bridge:
         return answer
 
     async def _ask(self, method: str, path: str, body: Any) -> Any:
+        """The daemon's 200 answer; :class:`BridgeError` for any other, or none."""
         try:
             status, answer = await self.link.request(method, path, body=body)
         except DaemonDown as exc:
@@ -616,11 +614,10 @@ class Bridge:
         """What changed since the client was last shown it: ``tools`` (direct mode),
         ``resources`` and ``prompts`` (once listed); the list_changed to send."""
         changed = ["tools"] if await self._refresh_direct() else []
-        for kind, path in (("resources", "/resources"), ("prompts", "/prompts")):
-            if kind not in self._offers_seen:
+        for kind in ("resources", "prompts"):
+            if (before := self._offers_seen.get(kind)) is None:
                 continue
-            before = self._offers_seen[kind]
-            self._seen(kind, await self._offers(path, kind))
+            await self._offers(kind)
             if self._offers_seen[kind] != before:
                 changed.append(kind)
         return changed
