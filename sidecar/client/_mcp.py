@@ -26,13 +26,12 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import secrets
 import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import anyio
 from pydantic import ValidationError
@@ -42,7 +41,7 @@ from capd.registry import ConfigError, is_valid_reference, without_mark
 from .._args import Wire, to_wire
 from .._errors import DaemonDown
 from .._table import COMMANDS, MAX_PAGE, OperatorCommand
-from ._unixhttp import OnChunk, UnixHttp
+from ._unixhttp import OnChunk
 
 META_TOOLS: dict[str, OperatorCommand] = {row.mcp.name: row for row in COMMANDS if row.mcp}
 # Operator rows an operator may offer agents ([mcp] operator_tools in capd.toml), by row id.
@@ -139,59 +138,6 @@ class Link(Protocol):
     async def close(self) -> None:
         """Let go of what the link holds."""
         ...
-
-
-class DaemonLink:
-    """HTTP over the daemon's Unix socket: kept-alive connections, a fresh one after any failure."""
-
-    def __init__(self, socket_path: Path, *, session: str | None = None,
-                 grant: str | None = None) -> None:
-        self.socket_path = socket_path
-        # One agent session per bridge process (one MCP client): the daemon's unit of loop
-        # detection and of session consent grants.
-        self.agent_session = session or secrets.token_hex(8)
-        self._base_headers = {"Capd-Session": self.agent_session}
-        if grant is not None:  # what the daemon holds every request of this bridge to
-            self._base_headers["Capd-Grant"] = grant
-        self._http = UnixHttp(socket_path, timeout_s=300.0)
-
-    async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                      body: Any = None, headers: dict[str, str] | None = None,
-                      on_chunk: OnChunk | None = None) -> tuple[int, Any]:
-        """Send one request; raise :class:`DaemonDown` if nothing answers. A streamed
-        answer's chunks go to ``on_chunk`` as they come (its body is then None)."""
-        if "/." in path:  # dot segments: resolved before sending, as a URL library would
-            path = _normalized(path)
-        if query:
-            path = f"{path}?{urlencode(query)}"
-        all_headers = {**self._base_headers, **(headers or {})}
-        payload = json.dumps(body).encode() if method == "POST" and body is not None else None
-        try:
-            status, data = await self._http.request(method, path, body=payload,
-                                                    headers=all_headers, on_chunk=on_chunk)
-        except OSError as exc:
-            await self.close()
-            raise DaemonDown(
-                f"capd is not reachable on {self.socket_path} ({exc.__class__.__name__}): is "
-                "the daemon running? Start it with `capd serve`; this bridge reconnects by "
-                "itself."
-            ) from exc
-        text = data.decode("utf-8")
-        try:
-            return status, json.loads(text) if text else None
-        except ValueError:
-            return status, text
-
-    async def close(self) -> None:
-        """Close the kept connections."""
-        await self._http.close()
-
-
-def _normalized(path: str) -> str:
-    """``path`` with its ``.`` and ``..`` segments resolved (RFC 3986 §5.2.4), as sent before."""
-    from yarl import URL
-
-    return URL(f"http://capd{path}").raw_path
 
 
 def _request_of(row: OperatorCommand, tool: str, arguments: dict[str, Any]) -> Wire:

@@ -1,4 +1,8 @@
-"""A small keep-alive HTTP/1.1 client over a Unix socket, for the MCP bridge's hop to the daemon.
+"""The MCP bridge's hop to the daemon: a small keep-alive HTTP/1.1 client over its Unix socket.
+
+:class:`DaemonLink` is what the bridge holds (JSON in and out, the bridge's session
+and grant on every request, :class:`DaemonDown` when nothing answers);
+:class:`UnixHttp` is the HTTP under it.
 
 The bridge sends one short JSON request at a time per tool call and waits for its
 answer, so what an HTTP client library adds (URL objects, header multidicts, a
@@ -29,12 +33,18 @@ It needs an asyncio event loop (anyio's asyncio backend is one).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
 import httptools
+
+from .._errors import DaemonDown
 
 OnChunk = Callable[[bytes], Awaitable[None]]
 
@@ -263,3 +273,51 @@ class _Answer:
     def on_message_complete(self) -> None:
         if self.head_done:  # the answer, not an interim one
             self.done, self.keep = True, self.parser.should_keep_alive()
+
+
+class DaemonLink:
+    """HTTP over the daemon's Unix socket: kept-alive connections, a fresh one after any failure."""
+
+    def __init__(self, socket_path: Path, *, session: str | None = None,
+                 grant: str | None = None) -> None:
+        self.socket_path = socket_path
+        # One agent session per bridge process (one MCP client): the daemon's unit of loop
+        # detection and of session consent grants.
+        self.agent_session = session or secrets.token_hex(8)
+        self._base_headers = {"Capd-Session": self.agent_session}
+        if grant is not None:  # what the daemon holds every request of this bridge to
+            self._base_headers["Capd-Grant"] = grant
+        self._http = UnixHttp(socket_path, timeout_s=300.0)
+
+    async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
+                      body: Any = None, headers: dict[str, str] | None = None,
+                      on_chunk: OnChunk | None = None) -> tuple[int, Any]:
+        """Send one request; raise :class:`DaemonDown` if nothing answers. A streamed
+        answer's chunks go to ``on_chunk`` as they come (its body is then None)."""
+        if "/." in path:  # dot segments: resolved (RFC 3986 §5.2.4), as a URL library would
+            from yarl import URL
+
+            path = URL(f"http://capd{path}").raw_path
+        if query:
+            path = f"{path}?{urlencode(query)}"
+        all_headers = {**self._base_headers, **(headers or {})}
+        payload = json.dumps(body).encode() if method == "POST" and body is not None else None
+        try:
+            status, data = await self._http.request(method, path, body=payload,
+                                                    headers=all_headers, on_chunk=on_chunk)
+        except OSError as exc:
+            await self.close()
+            raise DaemonDown(
+                f"capd is not reachable on {self.socket_path} ({exc.__class__.__name__}): is "
+                "the daemon running? Start it with `capd serve`; this bridge reconnects by "
+                "itself."
+            ) from exc
+        text = data.decode("utf-8")
+        try:
+            return status, json.loads(text) if text else None
+        except ValueError:
+            return status, text
+
+    async def close(self) -> None:
+        """Close the kept connections."""
+        await self._http.close()

@@ -173,8 +173,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     """Serve MCP on stdio, forwarding to the daemon."""
     # The bridge is a relay: it loads neither the SDK nor structlog (nothing of its own
     # writes a log line; stdout is the MCP channel).
-    from ._mcp import Bridge, DaemonLink, grant_header
+    from ._mcp import Bridge, grant_header
     from ._mcp_stdio import refuse, serve
+    from ._unixhttp import DaemonLink
 
     try:
         profile = _bridge_profile(args)
