@@ -30,19 +30,20 @@ _FILE_OPTIONS = frozenset({"config", "profile", "socket"})
 _FOLDER_OPTIONS = frozenset({"dest"})
 
 
-def _actions(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
+def actions_of(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
+    """Every argument of ``parser`` and of its subcommands, depth first."""
     for action in parser._actions:
         yield action
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
-                yield from _actions(sub)
+                yield from actions_of(sub)
 
 
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     """Return the completion script of ``parser`` for ``shell`` (one of :data:`SHELLS`)."""
     import shtab  # only this command needs it
 
-    for action in _actions(parser):
+    for action in actions_of(parser):
         kind = getattr(action, "capd_names", None)
         if kind in NAME_KINDS:
             action.complete = shtab.cmd(  # type: ignore[attr-defined]  # shtab reads it

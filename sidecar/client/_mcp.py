@@ -26,13 +26,12 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import secrets
 import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import anyio
 from pydantic import ValidationError
@@ -42,7 +41,7 @@ from capd.registry import ConfigError, is_valid_reference, without_mark
 from .._args import Wire, to_wire
 from .._errors import DaemonDown
 from .._table import COMMANDS, MAX_PAGE, OperatorCommand
-from ._unixhttp import OnChunk, UnixHttp
+from ._unixhttp import OnChunk
 
 META_TOOLS: dict[str, OperatorCommand] = {row.mcp.name: row for row in COMMANDS if row.mcp}
 # Operator rows an operator may offer agents ([mcp] operator_tools in capd.toml), by row id.
@@ -139,59 +138,6 @@ class Link(Protocol):
     async def close(self) -> None:
         """Let go of what the link holds."""
         ...
-
-
-class DaemonLink:
-    """HTTP over the daemon's Unix socket: kept-alive connections, a fresh one after any failure."""
-
-    def __init__(self, socket_path: Path, *, session: str | None = None,
-                 grant: str | None = None) -> None:
-        self.socket_path = socket_path
-        # One agent session per bridge process (one MCP client): the daemon's unit of loop
-        # detection and of session consent grants.
-        self.agent_session = session or secrets.token_hex(8)
-        self._base_headers = {"Capd-Session": self.agent_session}
-        if grant is not None:  # what the daemon holds every request of this bridge to
-            self._base_headers["Capd-Grant"] = grant
-        self._http = UnixHttp(socket_path, timeout_s=300.0)
-
-    async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                      body: Any = None, headers: dict[str, str] | None = None,
-                      on_chunk: OnChunk | None = None) -> tuple[int, Any]:
-        """Send one request; raise :class:`DaemonDown` if nothing answers. A streamed
-        answer's chunks go to ``on_chunk`` as they come (its body is then None)."""
-        if "/." in path:  # dot segments: resolved before sending, as a URL library would
-            path = _normalized(path)
-        if query:
-            path = f"{path}?{urlencode(query)}"
-        all_headers = {**self._base_headers, **(headers or {})}
-        payload = json.dumps(body).encode() if method == "POST" and body is not None else None
-        try:
-            status, data = await self._http.request(method, path, body=payload,
-                                                    headers=all_headers, on_chunk=on_chunk)
-        except OSError as exc:
-            await self.close()
-            raise DaemonDown(
-                f"capd is not reachable on {self.socket_path} ({exc.__class__.__name__}): is "
-                "the daemon running? Start it with `capd serve`; this bridge reconnects by "
-                "itself."
-            ) from exc
-        text = data.decode("utf-8")
-        try:
-            return status, json.loads(text) if text else None
-        except ValueError:
-            return status, text
-
-    async def close(self) -> None:
-        """Close the kept connections."""
-        await self._http.close()
-
-
-def _normalized(path: str) -> str:
-    """``path`` with its ``.`` and ``..`` segments resolved (RFC 3986 §5.2.4), as sent before."""
-    from yarl import URL
-
-    return URL(f"http://capd{path}").raw_path
 
 
 def _request_of(row: OperatorCommand, tool: str, arguments: dict[str, Any]) -> Wire:
@@ -563,26 +509,25 @@ class Bridge:
 
     # ------------------------------------------------- resources and prompts
 
-    async def _offers(self, path: str, kind: str) -> list[dict[str, Any]]:
-        """The daemon's list of ``kind`` (what this bridge's grant may see)."""
+    async def _offers(self, kind: str) -> list[dict[str, Any]]:
+        """The daemon's list of ``kind`` (what this bridge's grant may see); resources and
+        prompts are then watched for changes (:meth:`changes`)."""
+        path = "/prompts" if kind == "prompts" else "/resources"
         body = await self._ask("GET", path, None)
         if not isinstance(body, dict):
             raise BridgeError(f"capd answered {body!r} to GET {path}")
         items: list[dict[str, Any]] = body.get(kind, [])
+        if kind != "templates":
+            self._offers_seen[kind] = frozenset(json.dumps(i, sort_keys=True) for i in items)
         return items
-
-    def _seen(self, kind: str, items: list[dict[str, Any]]) -> None:
-        self._offers_seen[kind] = frozenset(json.dumps(i, sort_keys=True) for i in items)
 
     async def list_resources(self) -> dict[str, Any]:
         """Every upstream's resources, as ``capd://<prefix>/<uri>``."""
-        items = await self._offers("/resources", "resources")
-        self._seen("resources", items)
-        return {"resources": items}
+        return {"resources": await self._offers("resources")}
 
     async def list_resource_templates(self) -> dict[str, Any]:
         """Every upstream's resource templates."""
-        return {"resourceTemplates": await self._offers("/resources", "templates")}
+        return {"resourceTemplates": await self._offers("templates")}
 
     async def read_resource(self, uri: str) -> dict[str, Any]:
         """One resource, read by the daemon from its server."""
@@ -591,9 +536,7 @@ class Bridge:
 
     async def list_prompts(self) -> dict[str, Any]:
         """Every upstream's prompts, as ``<prefix>.<name>``."""
-        items = await self._offers("/prompts", "prompts")
-        self._seen("prompts", items)
-        return {"prompts": items}
+        return {"prompts": await self._offers("prompts")}
 
     async def get_prompt(self, name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
         """One prompt with its arguments."""
@@ -602,6 +545,7 @@ class Bridge:
         return answer
 
     async def _ask(self, method: str, path: str, body: Any) -> Any:
+        """The daemon's 200 answer; :class:`BridgeError` for any other, or none."""
         try:
             status, answer = await self.link.request(method, path, body=body)
         except DaemonDown as exc:
@@ -616,11 +560,10 @@ class Bridge:
         """What changed since the client was last shown it: ``tools`` (direct mode),
         ``resources`` and ``prompts`` (once listed); the list_changed to send."""
         changed = ["tools"] if await self._refresh_direct() else []
-        for kind, path in (("resources", "/resources"), ("prompts", "/prompts")):
-            if kind not in self._offers_seen:
+        for kind in ("resources", "prompts"):
+            if (before := self._offers_seen.get(kind)) is None:
                 continue
-            before = self._offers_seen[kind]
-            self._seen(kind, await self._offers(path, kind))
+            await self._offers(kind)
             if self._offers_seen[kind] != before:
                 changed.append(kind)
         return changed

@@ -79,24 +79,13 @@ class _StdioPeer:
 
     def __init__(self, server: StdioServer, meta: dict[str, Any]) -> None:
         self._server, self._token = server, meta.get("progressToken")
-        self._trace = trace_headers(meta)
-
-    @property
-    def answers(self) -> frozenset[str]:
-        return self._server.answers
-
-    @property
-    def trace(self) -> dict[str, str]:
-        return self._trace
+        self.answers, self.trace = server.answers, trace_headers(meta)
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         if self._token is None:
             return
         params: dict[str, Any] = {"progressToken": self._token, "progress": progress}
-        if total is not None:
-            params["total"] = total
-        if message is not None:
-            params["message"] = message
+        params |= {k: v for k, v in (("total", total), ("message", message)) if v is not None}
         await self._server.notify("notifications/progress", params)
 
     async def log(self, level: str, data: Any, logger: str | None) -> None:
@@ -123,6 +112,16 @@ class StdioServer:
 
     async def _send(self, message: dict[str, Any]) -> None:
         self._write(orjson.dumps(message) + b"\n")
+
+    async def _error(self, request_id: Any, code: int, message: str) -> None:
+        await self._send({"jsonrpc": "2.0", "id": request_id,
+                          "error": {"code": code, "message": message}})
+
+    def _abandon(self) -> None:
+        """Fail every question still waiting for the client: nobody is left to answer it."""
+        for future in self._asked.values():
+            if not future.done():
+                future.set_exception(BridgeError("the client has gone"))
 
     async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
         """Send a notification to the client."""
@@ -153,33 +152,27 @@ class StdioServer:
             while (line := await lines.get()) is not None:
                 if line.strip():
                     await self._receive(line)
-            for future in self._asked.values():  # nobody is left to answer a question
-                if not future.done():
-                    future.set_exception(BridgeError("the client has gone"))
+            self._abandon()
             if self._requests:
                 await asyncio.wait(list(self._requests.values()), timeout=EOF_GRACE_S)
         finally:
             for task in [*self._requests.values(), *([self._watch] if self._watch else [])]:
                 task.cancel()
             await asyncio.gather(*self._requests.values(), return_exceptions=True)
-            for future in self._asked.values():
-                if not future.done():
-                    future.set_exception(BridgeError("the client has gone"))
+            self._abandon()
 
     async def _receive(self, line: bytes) -> None:
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            await self._send({"jsonrpc": "2.0", "id": None,
-                              "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"}})
+            await self._error(None, PARSE_ERROR, f"Parse error: {exc}")
             return
         for item in message if isinstance(message, list) else [message]:
             await self._one(item)
 
     async def _one(self, message: Any) -> None:
         if not isinstance(message, dict):
-            await self._send({"jsonrpc": "2.0", "id": None, "error": {
-                "code": INVALID_REQUEST, "message": "Invalid Request: not a JSON object"}})
+            await self._error(None, INVALID_REQUEST, "Invalid Request: not a JSON object")
             return
         method, request_id = message.get("method"), message.get("id")
         if method is None:  # the client's answer to a request of ours
@@ -206,10 +199,8 @@ class StdioServer:
             if task is not None:
                 task.cancel()  # no answer goes out for it
         elif method == "notifications/initialized" and self._watch is None:
-            self._watch = asyncio.ensure_future(self.bridge.watch(self._list_changed))
-
-    async def _list_changed(self, kind: str) -> None:
-        await self.notify(f"notifications/{kind}/list_changed")
+            self._watch = asyncio.ensure_future(self.bridge.watch(
+                lambda kind: self.notify(f"notifications/{kind}/list_changed")))
 
     async def _request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
         try:
@@ -217,14 +208,11 @@ class StdioServer:
         except asyncio.CancelledError:
             return  # cancelled by the client: the spec wants no answer
         except BridgeError as exc:
-            await self._send({"jsonrpc": "2.0", "id": request_id,
-                              "error": {"code": exc.code, "message": exc.message}})
-            return
+            await self._error(request_id, exc.code, exc.message)
         except Exception as exc:  # a bug of the bridge's: the client still gets an answer
-            await self._send({"jsonrpc": "2.0", "id": request_id, "error": {
-                "code": INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"}})
-            return
-        await self._send({"jsonrpc": "2.0", "id": request_id, "result": result})
+            await self._error(request_id, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        else:
+            await self._send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
     # -- the methods ----------------------------------------------------------------
 

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
-from ._terminal import Document, echo, one_line
-
-
-def _cell(value: Any) -> str:
-    """``value`` as text for one row of a table: on one line, nothing raw in it."""
-    return one_line(str(value))
+from ._terminal import Document, echo
+from ._terminal import one_line as _cell  # a value for one row: nothing raw in it
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]],
@@ -34,6 +31,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]],
                  for i, value in enumerate(row)]
         lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)
+
+
+def _columns(header: Sequence[str], rows: Sequence[Sequence[Any]], wide: bool,
+             extra: frozenset[int], right: frozenset[int] = frozenset()) -> str:
+    """:func:`table` of every column when ``wide``, else of those not numbered in ``extra``."""
+    keep = [i for i in range(len(header)) if wide or i not in extra]
+    return table([header[i] for i in keep], [[row[i] for i in keep] for row in rows],
+                 frozenset(keep.index(i) for i in right if i in keep))
 
 
 def _scalar(value: Any) -> bool:
@@ -129,14 +134,10 @@ def render_health(body: Any) -> str:
 
 def render_list(body: Any, *, wide: bool = False) -> str:
     """A table of capsules (``wide``: their latency class, tags and aliases too)."""
-    caps = body["capabilities"]
-    if wide:
-        return table(("STATE", "CAPABILITY", "LATENCY", "TAGS", "ALIASES", "SUMMARY"), [
-            (c["state"], c["name"], c.get("latency_class") or "-",
-             ",".join(c.get("tags", [])) or "-", ",".join(c.get("aliases", [])) or "-",
-             c["summary"]) for c in caps])
-    return table(("STATE", "CAPABILITY", "SUMMARY"),
-                 [(c["state"], c["name"], c["summary"]) for c in caps])
+    return _columns(("STATE", "CAPABILITY", "LATENCY", "TAGS", "ALIASES", "SUMMARY"), [
+        (c["state"], c["name"], c.get("latency_class") or "-",
+         ",".join(c.get("tags", [])) or "-", ",".join(c.get("aliases", [])) or "-",
+         c["summary"]) for c in body["capabilities"]], wide, frozenset({2, 3, 4}))
 
 
 def render_call(body: Any) -> str:
@@ -157,16 +158,12 @@ def render_jobs(body: Any, *, wide: bool = False) -> str:
     jobs = body["jobs"]
     if not jobs:
         return "no job"
-    if wide:
-        return table(("ID", "STATE", "TRIES", "POLICY", "CAPABILITY", "CREATED", "NEXT RUN",
-                      "DETAIL"), [
-            (j["id"], j["state"], f"{j['attempts']}/{j['max_attempts']}", j.get("policy", "-"),
-             j["capability"], _text("created_at", j.get("created_at")),
-             _text("next_run_at", j.get("next_run_at")), _job_note(j))
-            for j in jobs], right=frozenset({2}))
-    return table(("ID", "STATE", "TRIES", "CAPABILITY", "DETAIL"), [
-        (j["id"], j["state"], f"{j['attempts']}/{j['max_attempts']}", j["capability"],
-         _job_note(j)) for j in jobs], right=frozenset({2}))
+    return _columns(("ID", "STATE", "TRIES", "POLICY", "CAPABILITY", "CREATED", "NEXT RUN",
+                     "DETAIL"), [
+        (j["id"], j["state"], f"{j['attempts']}/{j['max_attempts']}", j.get("policy", "-"),
+         j["capability"], _text("created_at", j.get("created_at")),
+         _text("next_run_at", j.get("next_run_at")), _job_note(j))
+        for j in jobs], wide, frozenset({3, 5, 6}), right=frozenset({2}))
 
 
 def _job_note(job: Any) -> str:
@@ -195,16 +192,11 @@ def render_search(body: Any, *, wide: bool = False) -> str:
             hints = hit["disabled"].get("install_hints") or {}
             summary += "".join(f" (install {_cell(tool)}: {_cell(hint)})"
                                for tool, hint in hints.items())
-        if wide:
-            rows.append((relevance, "-" if exact else f"{hit['score']:.4f}", hit["state"],
-                         hit["name"], hit.get("latency_class") or "-",
-                         ",".join(hit.get("tags", [])) or "-", summary))
-        else:
-            rows.append((relevance, hit["state"], hit["name"], summary))
-    if wide:
-        return table(("RELEVANCE", "SCORE", "STATE", "CAPABILITY", "LATENCY", "TAGS",
-                      "SUMMARY"), rows, right=frozenset({0, 1}))
-    return table(("RELEVANCE", "STATE", "CAPABILITY", "SUMMARY"), rows, right=frozenset({0}))
+        rows.append((relevance, "-" if exact or not wide else f"{hit['score']:.4f}",
+                     hit["state"], hit["name"], hit.get("latency_class") or "-",
+                     ",".join(hit.get("tags", [])) or "-", summary))
+    return _columns(("RELEVANCE", "SCORE", "STATE", "CAPABILITY", "LATENCY", "TAGS", "SUMMARY"),
+                    rows, wide, frozenset({1, 4, 5}), right=frozenset({0, 1}))
 
 
 def render_agents(body: Any) -> str:
@@ -372,8 +364,7 @@ RENDERERS: dict[str, Callable[[Any], str]] = {
 body read as it is, printed as fields on a terminal)."""
 
 WIDE: dict[str, Callable[[Any], str]] = {
-    "list": lambda body: render_list(body, wide=True),
-    "jobs": lambda body: render_jobs(body, wide=True),
-    "search": lambda body: render_search(body, wide=True),
+    name: partial(render, wide=True)
+    for name, render in (("list", render_list), ("jobs", render_jobs), ("search", render_search))
 }
 """``-o wide``: the renderers with more columns; the others print as ``-o table``."""

@@ -82,9 +82,10 @@ def printable(text: str) -> str:
     return text.translate(_PRINTABLE)
 
 
-def one_line(text: str) -> str:
-    """:func:`printable`, with ``\\n`` and ``\\t`` escaped too: a value for one table cell."""
-    return text.translate(_ONE_LINE)
+def one_line(value: object) -> str:
+    """:func:`printable` of ``str(value)``, with ``\\n`` and ``\\t`` escaped too: a value for
+    one table cell."""
+    return str(value).translate(_ONE_LINE)
 
 
 class Document(str):

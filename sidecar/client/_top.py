@@ -41,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from .._errors import DaemonUnreachable
 from ._client import request
 from ._render import describe_failure
-from ._terminal import one_line
+from ._terminal import one_line as _text  # a value the daemon sent, for one line
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130  # as cli.EXIT_INTERRUPTED; cli imports this module, so not from there
@@ -230,8 +230,8 @@ def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
     return lower_bound
 
 
-def _by(changes: Mapping[tuple[str, str], float], keep: Callable[[str], bool]
-        ) -> dict[str, float]:
+def _by(changes: Mapping[tuple[str, str], float],
+        keep: Callable[[str], bool] = lambda _second: True) -> dict[str, float]:
     """Sum ``changes`` by the first label over the series whose second label ``keep`` takes."""
     out: dict[str, float] = {}
     for (first, second), n in changes.items():
@@ -240,8 +240,13 @@ def _by(changes: Mapping[tuple[str, str], float], keep: Callable[[str], bool]
     return out
 
 
-def _counted(samples: Sequence[Sample]) -> list[Counters]:
-    return [s.counters for s in samples if s.counters is not None]
+def _window(samples: Sequence[Sample]) -> tuple[Counters, Counters] | None:
+    """The counters at the start of the window (with one sample: the daemon's start, zero)
+    and the latest; None before any sample has counters."""
+    counted = [s.counters for s in samples if s.counters is not None]
+    if not counted:
+        return None
+    return (counted[0] if len(counted) > 1 else Counters()), counted[-1]
 
 
 def _last_step(samples: Sequence[Sample]) -> tuple[dict[tuple[str, str], float], float] | None:
@@ -262,28 +267,20 @@ def overall_rate(samples: Sequence[Sample]) -> float | None:
 
 def call_figures(samples: Sequence[Sample]) -> list[CallFigures]:
     """Each capability called since the daemon started, busiest in the window first."""
-    counted = _counted(samples)
-    if not counted:
+    window = _window(samples)
+    if window is None:
         return []
-    base = counted[0] if len(counted) > 1 else Counters()
-    window = delta(base.calls, counted[-1].calls)
-    calls = _by(window, lambda _status: True)
-    errors = _by(window, lambda status: status != "success")
-    latency = delta(base.buckets, counted[-1].buckets)
-    rates = _per_capability_rates(samples)
-    names = {c for c, _ in counted[-1].calls} | {c for c, _ in counted[-1].buckets}
+    base, last = window
+    moved = delta(base.calls, last.calls)
+    calls, errors = _by(moved), _by(moved, lambda status: status != "success")
+    latency = delta(base.buckets, last.buckets)
+    step = _last_step(samples)
+    rates = None if step is None else {name: n / step[1] for name, n in _by(step[0]).items()}
+    names = {c for c, _ in last.calls} | {c for c, _ in last.buckets}
     rows = [CallFigures(name, None if rates is None else rates.get(name, 0.0),
                         calls.get(name, 0.0), errors.get(name, 0.0),
                         *_quantiles(name, latency)) for name in names]
     return sorted(rows, key=lambda r: (-r.calls, r.capability))
-
-
-def _per_capability_rates(samples: Sequence[Sample]) -> dict[str, float] | None:
-    step = _last_step(samples)
-    if step is None:
-        return None
-    moved, seconds = step
-    return {name: n / seconds for name, n in _by(moved, lambda _status: True).items()}
 
 
 def _quantiles(name: str, latency: Mapping[tuple[str, float], float]
@@ -295,21 +292,15 @@ def _quantiles(name: str, latency: Mapping[tuple[str, float], float]
 def refusal_figures(samples: Sequence[Sample]) -> tuple[dict[str, float], dict[str, float]]:
     """Over the window: policy refusals by step (consent, loop, hook...), and calls answered
     ``error_blocked`` by capability."""
-    counted = _counted(samples)
-    if not counted:
+    window = _window(samples)
+    if window is None:
         return {}, {}
-    base = counted[0] if len(counted) > 1 else Counters()
-    steps = _by(delta(base.decisions, counted[-1].decisions), lambda d: d == REFUSAL)
-    blocked = _by(delta(base.calls, counted[-1].calls), lambda s: s == "error_blocked")
-    return steps, blocked
+    base, last = window
+    return (_by(delta(base.decisions, last.decisions), lambda d: d == REFUSAL),
+            _by(delta(base.calls, last.calls), lambda s: s == "error_blocked"))
 
 
 # ------------------------------------------------------------------------- formatting
-
-
-def _text(value: object) -> str:
-    """A value the daemon sent, on one line and unable to steer the terminal."""
-    return one_line(str(value))
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -412,16 +403,13 @@ def _call_lines(samples: Sequence[Sample]) -> list[Line]:
     lines: list[Line] = [(head, "head")]
     if "metrics" in s.problems:
         return [*lines, (f"  {_text(s.problems['metrics'])}", "warn")]
-    rows = call_figures(samples)
+    rows = [(_text(r.capability), "-" if r.per_s is None else f"{r.per_s:.1f}",
+             f"{r.calls:g}", f"{r.errors:g}", format_seconds(r.p50_s), format_seconds(r.p99_s))
+            for r in call_figures(samples)]
     if rows:
-        lines.append((f"  {'CAPABILITY':<{NAME_WIDTH}} {'CALLS/S':>8} {'CALLS':>7} "
-                      f"{'ERRORS':>7} {'P50':>10} {'P99':>10}", "plain"))
-    for r in rows:
-        per_s = "-" if r.per_s is None else f"{r.per_s:.1f}"
-        lines.append((f"  {_text(r.capability):<{NAME_WIDTH}} {per_s:>8} {r.calls:>7g} "
-                      f"{r.errors:>7g} {format_seconds(r.p50_s):>10} "
-                      f"{format_seconds(r.p99_s):>10}", "plain"))
-    return lines
+        rows.insert(0, ("CAPABILITY", "CALLS/S", "CALLS", "ERRORS", "P50", "P99"))
+    return lines + [(f"  {name:<{NAME_WIDTH}} {per_s:>8} {calls:>7} {errors:>7} {p50:>10} "
+                     f"{p99:>10}", "plain") for name, per_s, calls, errors, p50, p99 in rows]
 
 
 def _queue_lines(s: Sample, now: float) -> list[Line]:
@@ -456,7 +444,7 @@ def _refusal_lines(samples: Sequence[Sample]) -> list[Line]:
     lines.append((f"  policy refusals by step: {_counts(steps.items())}", "plain"))
     lines.append((f"  calls answered error_blocked: {_counts(blocked.items())}", "plain"))
     for refusal in samples[-1].refusals:
-        when = time.strftime("%H:%M:%S", time.localtime(refusal.at)) if refusal.at else "?"
+        when = format_clock(refusal.at) if refusal.at else "?"
         lines.append((f"  {when}  {_text(refusal.kind)} {_text(refusal.decision)}  "
                       f"{_text(refusal.capability)}: {_text(refusal.reason)}",
                       "warn" if refusal.decision == REFUSAL else "plain"))

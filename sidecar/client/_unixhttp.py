@@ -1,4 +1,8 @@
-"""A small keep-alive HTTP/1.1 client over a Unix socket, for the MCP bridge's hop to the daemon.
+"""The MCP bridge's hop to the daemon: a small keep-alive HTTP/1.1 client over its Unix socket.
+
+:class:`DaemonLink` is what the bridge holds (JSON in and out, the bridge's session
+and grant on every request, :class:`DaemonDown` when nothing answers);
+:class:`UnixHttp` is the HTTP under it.
 
 The bridge sends one short JSON request at a time per tool call and waits for its
 answer, so what an HTTP client library adds (URL objects, header multidicts, a
@@ -10,9 +14,9 @@ server (``sidecar/server/_http.py``) needs:
   connections as requests are in flight, and up to :data:`MAX_IDLE` kept open
   between requests, each for at most :data:`IDLE_S` (the daemon closes idle
   ones after 75 s; aiohttp's client, which this replaces, keeps them 15 s);
-- answers with ``Content-Length`` (all the daemon sends), chunked, or read until
-  the connection closes; ``1xx`` interim answers skipped; ``Connection: close``
-  and HTTP/1.0 honoured;
+- answers read by httptools' parser (the one the daemon's server uses): with
+  ``Content-Length`` (all the daemon sends), chunked, or read until the connection
+  closes; ``1xx`` interim answers skipped; ``Connection: close`` and HTTP/1.0 honoured;
 - a connection that failed, timed out, was cancelled mid-request, or that the
   daemon closed, is dropped, and the next request opens a new one. An idempotent
   request that fails on a kept connection before its answer began is sent once
@@ -29,10 +33,18 @@ It needs an asyncio event loop (anyio's asyncio backend is one).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import httptools
+
+from .._errors import DaemonDown
 
 OnChunk = Callable[[bytes], Awaitable[None]]
 
@@ -41,16 +53,6 @@ MAX_IDLE = 8
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _FORBIDDEN_HEADER_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _MAX_HEAD = 64 * 1024
-
-
-def _field(fields: bytes, name: bytes) -> bytes | None:
-    """The value of header ``name`` in the lower-cased head ``fields``; None when absent."""
-    at = fields.find(b"\r\n" + name + b":")
-    if at < 0:
-        return None
-    start = at + len(name) + 3
-    stop = fields.find(b"\r\n", start)
-    return fields[start:stop if stop >= 0 else len(fields)].strip()
 
 
 class BadResponse(ConnectionError):
@@ -217,79 +219,105 @@ class UnixHttp:
         if conn.closed:
             raise _Dropped("the daemon closed the connection")
         conn.transport.write(head + body if body else head)
-        buf = conn.buf
-        while True:  # the head, after any 1xx interim answers
-            end = buf.find(b"\r\n\r\n")
-            while end < 0:
-                if len(buf) > _MAX_HEAD:
-                    raise BadResponse("the answer's head is too long")
-                if conn.closed and not buf:
+        answer, received = _Answer(), 0
+        while not (answer.done or (answer.head_done and method == "HEAD")):
+            if not conn.buf:
+                if conn.closed and not received:
                     raise _Dropped("the daemon closed the connection before answering")
+                if conn.closed and answer.head_done and not answer.framed:
+                    answer.keep = False  # no length: the body ended with the connection
+                    break
                 await conn.more()
-                end = buf.find(b"\r\n\r\n")
-            head = bytes(buf[:end])
-            del buf[:end + 4]
-            if not (head.startswith(b"HTTP/1.") and head[8:9] == b" " and head[9:12].isdigit()):
-                raise BadResponse(f"not an HTTP/1.x answer: {head[:80]!r}")
-            status = int(head[9:12])
-            if 100 <= status < 200 and status != 101:
                 continue
-            break
-        fields = head.lower()
-        length: int | None = None
-        declared = _field(fields, b"content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise BadResponse(f"bad Content-Length {declared[:20]!r}")
-            length = int(declared)
-        coding = _field(fields, b"transfer-encoding")
-        chunked = coding is not None and b"chunked" in coding
-        connection = _field(fields, b"connection") or b""
-        keep = (b"close" not in connection
-                and (head[5:8] == b"1.1" or b"keep-alive" in connection))
-        if status in (204, 304) or method == "HEAD" or (length == 0 and not chunked):
-            return status, b"", keep
-        if chunked:
-            return status, await self._chunks(conn, on_chunk), keep
-        if length is not None:
-            while len(buf) < length:
-                await conn.more()
-            data = bytes(buf[:length])
-            del buf[:length]
-            return status, data, keep
-        while not conn.closed:  # no length: the body ends with the connection
-            await conn.more()
-        data = bytes(buf)
-        buf.clear()
-        return status, data, False
-
-    @staticmethod
-    async def _chunks(conn: _Connection, on_chunk: OnChunk | None = None) -> bytes:
-        buf, parts = conn.buf, list[bytes]()
-        while True:
-            end = buf.find(b"\r\n")
-            while end < 0:
-                await conn.more()
-                end = buf.find(b"\r\n")
-            size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
+            data = bytes(conn.buf)
+            conn.buf.clear()
+            received += len(data)
             try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise BadResponse(f"bad chunk size {size_text[:20]!r}") from None
-            del buf[:end + 2]
-            if size == 0:
-                while (end := buf.find(b"\r\n")) != 0:  # trailers, then the empty line
-                    if end > 0:
-                        del buf[:end + 2]
-                    else:
-                        await conn.more()
-                del buf[:2]
-                return b"".join(parts)
-            while len(buf) < size + 2:
-                await conn.more()
-            piece = bytes(buf[:size])
-            del buf[:size + 2]
-            if on_chunk is None:
-                parts.append(piece)
-            else:
-                await on_chunk(piece)
+                answer.parser.feed_data(data)
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                raise BadResponse(f"not an HTTP/1.x answer this client reads: {exc}") from None
+            if not answer.head_done and received > _MAX_HEAD:
+                raise BadResponse("the answer's head is too long")
+            if on_chunk is not None and answer.chunked:
+                pieces, answer.pieces = answer.pieces, []
+                for piece in pieces:
+                    await on_chunk(piece)
+        return answer.status, b"".join(answer.pieces), answer.keep
+
+
+class _Answer:
+    """One answer as httptools' parser reads it (these are its callbacks), after any
+    ``1xx`` interim answers."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status, self.keep = 0, False
+        self.on_message_begin()
+
+    def on_message_begin(self) -> None:
+        self.head_done = self.done = self.framed = self.chunked = False
+        self.pieces: list[bytes] = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self.framed |= name in (b"content-length", b"transfer-encoding")
+        self.chunked |= name == b"transfer-encoding" and b"chunked" in value.lower()
+
+    def on_headers_complete(self) -> None:
+        self.status, self.keep = self.parser.get_status_code(), self.parser.should_keep_alive()
+        self.head_done = not 100 <= self.status < 200
+
+    def on_body(self, data: bytes) -> None:
+        self.pieces.append(data)
+
+    def on_message_complete(self) -> None:
+        if self.head_done:  # the answer, not an interim one
+            self.done, self.keep = True, self.parser.should_keep_alive()
+
+
+class DaemonLink:
+    """HTTP over the daemon's Unix socket: kept-alive connections, a fresh one after any failure."""
+
+    def __init__(self, socket_path: Path, *, session: str | None = None,
+                 grant: str | None = None) -> None:
+        self.socket_path = socket_path
+        # One agent session per bridge process (one MCP client): the daemon's unit of loop
+        # detection and of session consent grants.
+        self.agent_session = session or secrets.token_hex(8)
+        self._base_headers = {"Capd-Session": self.agent_session}
+        if grant is not None:  # what the daemon holds every request of this bridge to
+            self._base_headers["Capd-Grant"] = grant
+        self._http = UnixHttp(socket_path, timeout_s=300.0)
+
+    async def request(self, method: str, path: str, *, query: dict[str, str] | None = None,
+                      body: Any = None, headers: dict[str, str] | None = None,
+                      on_chunk: OnChunk | None = None) -> tuple[int, Any]:
+        """Send one request; raise :class:`DaemonDown` if nothing answers. A streamed
+        answer's chunks go to ``on_chunk`` as they come (its body is then None)."""
+        if "/." in path:  # dot segments: resolved (RFC 3986 §5.2.4), as a URL library would
+            from yarl import URL
+
+            path = URL(f"http://capd{path}").raw_path
+        if query:
+            path = f"{path}?{urlencode(query)}"
+        all_headers = {**self._base_headers, **(headers or {})}
+        payload = json.dumps(body).encode() if method == "POST" and body is not None else None
+        try:
+            status, data = await self._http.request(method, path, body=payload,
+                                                    headers=all_headers, on_chunk=on_chunk)
+        except OSError as exc:
+            await self.close()
+            raise DaemonDown(
+                f"capd is not reachable on {self.socket_path} ({exc.__class__.__name__}): is "
+                "the daemon running? Start it with `capd serve`; this bridge reconnects by "
+                "itself."
+            ) from exc
+        text = data.decode("utf-8")
+        try:
+            return status, json.loads(text) if text else None
+        except ValueError:
+            return status, text
+
+    async def close(self) -> None:
+        """Close the kept connections."""
+        await self._http.close()
