@@ -25,7 +25,7 @@ import itertools
 import os
 import shlex
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -100,18 +100,14 @@ class FailureSink(Protocol):
 class CallStats:
     """Per-capability call counters since start."""
 
-    by_status: dict[str, Counter[str]] = field(default_factory=dict)
-    total_duration_s: dict[str, float] = field(default_factory=dict)
+    by_status: defaultdict[str, Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter))
+    total_duration_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def record(self, result: ToolResult) -> None:
         """Count ``result``."""
-        counts = self.by_status.get(result.capability)
-        if counts is None:
-            counts = self.by_status[result.capability] = Counter()
-        counts[result.status] += 1
-        self.total_duration_s[result.capability] = (
-            self.total_duration_s.get(result.capability, 0.0) + result.duration_s
-        )
+        self.by_status[result.capability][result.status] += 1
+        self.total_duration_s[result.capability] += result.duration_s
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON view."""
@@ -419,8 +415,7 @@ class Gateway:
             recheck = await self._rechecker.recheck_disabled_capability(cap.name)
             if not recheck.live:
                 entry = registry.disabled_entry(cap.name)
-                errors = dict(entry.errors) if entry else {}
-                detail = "; ".join(f"{t}: {e}" for t, e in errors.items())
+                detail = "; ".join(f"{t}: {e}" for t, e in (entry.errors if entry else {}).items())
                 missing = ", ".join(recheck.missing)
                 if not options.run_disabled:
                     return self._finish(
