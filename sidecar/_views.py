@@ -54,12 +54,8 @@ def disabled_view(entry: DisabledEntry, snapshot: RegistrySnapshot) -> dict[str,
 def install_hints(tools: tuple[str, ...] | list[str],
                   snapshot: RegistrySnapshot) -> dict[str, str]:
     """The ``install_hint`` of each of ``tools`` that declares one."""
-    hints: dict[str, str] = {}
-    for tool in tools:
-        spec = snapshot.tools.get(tool)
-        if spec is not None and spec.install_hint:
-            hints[tool] = spec.install_hint
-    return hints
+    return {tool: spec.install_hint for tool in tools
+            if (spec := snapshot.tools.get(tool)) is not None and spec.install_hint}
 
 
 def disabled_reason(view: dict[str, Any]) -> str:
@@ -196,26 +192,18 @@ def check_report(snapshot: RegistrySnapshot) -> dict[str, Any]:
 
 def render_check_table(report: dict[str, Any]) -> str:
     """The human table ``capd check`` prints."""
-    lines: list[str] = []
-    rows: list[tuple[str, str, str]] = []
-    for item in report["live"]:
-        rows.append(("live", item["name"], ", ".join(item["requires"]) or "-"))
-    for item in report["disabled"]:
-        rows.append(("disabled", item["name"], disabled_reason(item)))
+    rows = [("live", item["name"], ", ".join(item["requires"]) or "-")
+            for item in report["live"]]
+    rows += [("disabled", item["name"], disabled_reason(item)) for item in report["disabled"]]
     width = max((len(r[1]) for r in rows), default=10)
-    lines.append(f"{'STATE':<9} {'CAPABILITY':<{width}} DETAIL")
-    for state, name, detail in rows:
-        lines.append(f"{state:<9} {name:<{width}} {detail}")
     counts = report["counts"]
-    lines.append("")
-    lines.append(
+    return "\n".join([
+        f"{'STATE':<9} {'CAPABILITY':<{width}} DETAIL",
+        *(f"{state:<9} {name:<{width}} {detail}" for state, name, detail in rows),
+        "",
         f"{counts['live']} live, {counts['disabled']} disabled, "
-        f"{counts['errors']} declaration error(s)"
-    )
-    for err in report["errors"]:
-        lines.append(f"error: {err['message']}")
-    for warning in report.get("warnings", []):
-        lines.append(f"warning: {warning['message']}")
-    for name, why in report.get("not_on_host", {}).items():
-        lines.append(f"not offered on this host: {name}: {why}")
-    return "\n".join(lines)
+        f"{counts['errors']} declaration error(s)",
+        *(f"error: {err['message']}" for err in report["errors"]),
+        *(f"warning: {warning['message']}" for warning in report.get("warnings", [])),
+        *(f"not offered on this host: {name}: {why}"
+          for name, why in report.get("not_on_host", {}).items())])

@@ -244,7 +244,9 @@ async def topology_expand(ctx: Context, a: ExpandIn) -> Reply:
     topology = expansion.topology
     resolved = {agent: _resolve(ctx, agent, context, agents)
                 for agent in dict.fromkeys(i.agent for i in expansion.instances)}
-    roles = {r.id: r for r in topology.roles}
+    roles = {r.id: {"title": r.title, **{key: list(getattr(r, key)) for key in (
+        "responsibilities", "required_evidence", "expected_artifacts", "fanin_obligations")}}
+        for r in topology.roles}  # what each instance of a role carries of it
     seed = topology.model_dump(mode="json", include={
         "required_evidence", "blackboard_topics", "fanout_strategy", "fanin_strategy",
         "coordinator_decisions", "candidate_expectations", "verifier_gates"})
@@ -257,12 +259,7 @@ async def topology_expand(ctx: Context, a: ExpandIn) -> Reply:
         "roles": [{"id": r.id, "title": r.title, "agent": r.agent, "count": r.count,
                    "instances": list(expansion.instances_of([r.id]))} for r in topology.roles],
         "instances": [{"id": i.id, "role": i.role, "index": i.index, "agent": i.agent,
-                       "title": roles[i.role].title,
-                       "responsibilities": list(roles[i.role].responsibilities),
-                       "required_evidence": list(roles[i.role].required_evidence),
-                       "expected_artifacts": list(roles[i.role].expected_artifacts),
-                       "fanin_obligations": list(roles[i.role].fanin_obligations),
-                       "capabilities": list(resolved[i.agent].capabilities),
+                       **roles[i.role], "capabilities": list(resolved[i.agent].capabilities),
                        "servers": dict(resolved[i.agent].servers)}
                       for i in expansion.instances],
         "groups": {g: list(members) for g, members in expansion.groups.items()},

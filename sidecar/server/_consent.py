@@ -175,17 +175,24 @@ class ConsentStore:
                 self._save()
 
     def _save(self) -> None:
-        data = {"format": FORMAT, "grants": [
-            {**asdict(g), "operations": list(g.operations)} for g in self._grants.values()]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        grants = [asdict(g) for g in self._grants.values()]  # a tuple is a JSON list
+        replace_file(self.path, json.dumps({"format": FORMAT, "grants": grants},
+                                           indent=1).encode())
+
+
+def replace_file(path: Path, body: bytes, mode: int = 0o666) -> None:
+    """Make ``body`` the whole of ``path`` (``mode`` for a new file, less the umask): a
+    temporary file fsynced, renamed over the old one, and the folder fsynced, so a crash
+    leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as handle:
+        handle.write(body)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)

@@ -175,8 +175,8 @@ async def run_engine(argv: tuple[str, ...], request: dict[str, Any], config: dic
             config_path = Path(folder) / "mcp.json"
             config_path.write_text(json.dumps(config))
             if uid is not None:  # the engine's user reads its configuration
-                os.chown(folder, uid, gid if gid is not None else -1)
-                os.chown(config_path, uid, gid if gid is not None else -1)
+                for path in (folder, config_path):
+                    os.chown(path, uid, -1 if gid is None else gid)
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *runs.launcher(run, argv, uid, gid), stdin=asyncio.subprocess.PIPE,
@@ -203,18 +203,18 @@ async def run_engine(argv: tuple[str, ...], request: dict[str, Any], config: dic
 
 
 async def _talk(proc: asyncio.subprocess.Process, request: dict[str, Any], agent: str) -> Any:
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    assert proc.stderr is not None
+    stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+    assert stdin is not None
+    assert stdout is not None
+    assert stderr is not None
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        proc.stdin.write(json.dumps(request).encode() + b"\n")
-        await proc.stdin.drain()
-        proc.stdin.close()
+        stdin.write(json.dumps(request).encode() + b"\n")
+        await stdin.drain()
+        stdin.close()
     tail = bytearray()
 
     async def keep_tail() -> None:
-        assert proc.stderr is not None
-        while piece := await proc.stderr.read(65536):
+        while piece := await stderr.read(65536):
             tail.extend(piece)
             del tail[:-STDERR_TAIL]
 
@@ -222,8 +222,7 @@ async def _talk(proc: asyncio.subprocess.Process, request: dict[str, Any], agent
     out = bytearray()
 
     async def read_out() -> None:
-        assert proc.stdout is not None
-        while piece := await proc.stdout.read(65536):
+        while piece := await stdout.read(65536):
             out.extend(piece)
             if len(out) > MAX_OUTPUT:
                 raise PermanentToolError(f"agent {agent} printed more than {MAX_OUTPUT} bytes; "

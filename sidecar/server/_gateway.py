@@ -25,7 +25,7 @@ import itertools
 import os
 import shlex
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -53,7 +53,7 @@ from .._logging import log_call
 from ._grant import Caller, Grant, resolve
 from ._policy import NamedHook, Policy
 from ._result import STATUS_OF, ToolResult, ToolResultStatus
-from ._steps import PLAIN, STEPS, Call, CallOptions, Next, Outcome, Step, compose
+from ._steps import PLAIN, STEPS, Call, CallOptions, Link, Next, Outcome, Step, compose
 
 __all__ = [
     "RUN_DISABLED_OPERATION",
@@ -74,20 +74,9 @@ RUN_DISABLED_OPERATION = "capd.run_disabled"
 
 def _observer_copy(result: ToolResult) -> ToolResult:
     """A copy of ``result`` an after-hook may do anything to: every mutable part is its
-    own (a deep copy only where the op's value is itself mutable)."""
-    fields = dict(result.__dict__)  # a new __dict__, the same values
-    value = fields["result"]
-    if isinstance(value, dict | list):
-        fields["result"] = copy.deepcopy(value)
-    fields["alternatives"] = list(fields["alternatives"])
-    fields["warnings"] = list(fields["warnings"])
-    fields["unavailable_alternatives"] = dict(fields["unavailable_alternatives"])
-    if fields["missing_consent"] is not None:
-        fields["missing_consent"] = list(fields["missing_consent"])
-    for key in ("content", "structured_content"):
-        if fields[key] is not None:
-            fields[key] = copy.deepcopy(fields[key])
-    return ToolResult.assemble(fields)
+    own (a deep copy only where a value is itself mutable)."""
+    return ToolResult.assemble({key: copy.deepcopy(value) if isinstance(value, dict | list)
+                                else value for key, value in result.__dict__.items()})
 
 
 BeforeHook = Callable[[Capability, BaseModel, Caller], Awaitable[None] | None]
@@ -110,18 +99,14 @@ class FailureSink(Protocol):
 class CallStats:
     """Per-capability call counters since start."""
 
-    by_status: dict[str, Counter[str]] = field(default_factory=dict)
-    total_duration_s: dict[str, float] = field(default_factory=dict)
+    by_status: defaultdict[str, Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter))
+    total_duration_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def record(self, result: ToolResult) -> None:
         """Count ``result``."""
-        counts = self.by_status.get(result.capability)
-        if counts is None:
-            counts = self.by_status[result.capability] = Counter()
-        counts[result.status] += 1
-        self.total_duration_s[result.capability] = (
-            self.total_duration_s.get(result.capability, 0.0) + result.duration_s
-        )
+        self.by_status[result.capability][result.status] += 1
+        self.total_duration_s[result.capability] += result.duration_s
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON view."""
@@ -131,23 +116,18 @@ class CallStats:
         }
 
 
-class _TracedStep:
-    """A policy step inside a ``policy {kind}`` span (tracing on)."""
+def _traced(step: Step) -> Link:
+    """``step`` inside a ``policy {kind}`` span (tracing on)."""
+    name, attributes = f"policy {step.kind}", {"capd.policy.step": step.kind}
 
-    def __init__(self, step: Step) -> None:
-        self._step = step
-        self.kind = step.kind
-        self._name = f"policy {step.kind}"
-
-    def applies(self, cap: Capability, grant: Grant, policy: Policy) -> bool:
-        return self._step.applies(cap, grant, policy)
-
-    async def __call__(self, call: Call, rest: Next) -> Outcome:
-        with tracing.span(self._name, {"capd.policy.step": self.kind}) as current:
-            outcome = await self._step(call, rest)
+    async def traced(call: Call, rest: Next) -> Outcome:
+        with tracing.span(name, attributes) as current:
+            outcome = await step(call, rest)
             if outcome[0].status == "error_blocked" and outcome[0].error_type:
                 current.set_attribute("capd.policy.refused", outcome[0].error_type)
             return outcome
+
+    return traced
 
 
 class Gateway:
@@ -314,15 +294,12 @@ class Gateway:
                      result: ToolResult, idempotency_key: str | None,
                      running: ThreadHandle | None) -> ToolResult:
         """``result`` handed to the failure sink (the queue), in a span when tracing."""
-        if tracing.TRACER is None:
-            return await sink.accept(cap, model, result, idempotency_key=idempotency_key,
-                                     running=running)
-        with tracing.span("queue.enqueue", {"gen_ai.tool.name": cap.name}) as current:
+        with tracing.optional_span("queue.enqueue", {"gen_ai.tool.name": cap.name}) as current:
             queued = await sink.accept(cap, model, result, idempotency_key=idempotency_key,
                                        running=running)
-            if queued.queued:
+            if current is not None and queued.queued:
                 current.set_attribute("capd.job.id", queued.queued)
-            else:
+            elif current is not None:
                 tracing.set_error(current, queued.error_type or "not_queued", queued.message)
             return queued
 
@@ -365,9 +342,8 @@ class Gateway:
         if found is not None and found[0] is cap and found[1] is policy and found[2] is grant:
             return found[3]
         steps = [step for make in STEPS if (step := make(self)).applies(cap, grant, policy)]
-        if tracing.TRACER is not None:
-            steps = [_TracedStep(step) for step in steps]
-        chain = compose(steps, self._invoke)
+        chain = compose([_traced(step) for step in steps] if tracing.TRACER is not None
+                        else steps, self._invoke)
         if len(self._chains) >= 4096:  # bounded: grants come and go with narrowings
             self._chains.clear()
         self._chains[key] = (cap, policy, grant, chain)
@@ -438,8 +414,7 @@ class Gateway:
             recheck = await self._rechecker.recheck_disabled_capability(cap.name)
             if not recheck.live:
                 entry = registry.disabled_entry(cap.name)
-                errors = dict(entry.errors) if entry else {}
-                detail = "; ".join(f"{t}: {e}" for t, e in errors.items())
+                detail = "; ".join(f"{t}: {e}" for t, e in (entry.errors if entry else {}).items())
                 missing = ", ".join(recheck.missing)
                 if not options.run_disabled:
                     return self._finish(
@@ -461,23 +436,16 @@ class Gateway:
             outcome = await call_capability(cap, call.params, executor=self._executor,
                                             timeout_s=options.timeout_s)
         apply_passive_health(registry, cap, outcome)
-        if outcome.kind in ("success", "partial"):
-            value = outcome.value
-            relayed: dict[str, Any] = {}
-            if isinstance(value, ToolAnswer):  # an upstream's blocks, beside its value
-                relayed = {"content": list(value.content),
-                           "structured_content": value.structured}
-                value = value.value
-            if outcome.kind == "partial":
-                relayed["message"] = outcome.message
-            return self._finish(call, outcome.kind, result=value, warnings=warnings,
-                                **relayed), None
-        relayed = ({"content": list(outcome.value.content),
-                    "structured_content": outcome.value.structured}
-                   if isinstance(outcome.value, ToolAnswer) else {})
-        return self._finish(call, STATUS_OF[outcome.kind], error_type=outcome.error_type,
-                            message=outcome.message, retry_after_s=outcome.retry_after_s,
-                            warnings=warnings, **relayed), outcome.abandoned
+        value, relayed = outcome.value, {}
+        if isinstance(value, ToolAnswer):  # an upstream's blocks, beside its value
+            relayed = {"content": list(value.content), "structured_content": value.structured}
+            value = value.value
+        # a success carries no error_type, message (but a partial's) or retry_after_s
+        return self._finish(call, STATUS_OF[outcome.kind],
+                            result=value if outcome.kind in ("success", "partial") else None,
+                            error_type=outcome.error_type, message=outcome.message,
+                            retry_after_s=outcome.retry_after_s, warnings=warnings,
+                            **relayed), outcome.abandoned
 
     async def _traced_upstream(self, call: Call) -> CallOutcome:
         """The upstream MCP request of ``call`` inside a ``tools/call`` span."""

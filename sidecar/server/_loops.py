@@ -187,7 +187,8 @@ class LoopDetector:
             previous = state.streaks.get(capability)  # the common case: nothing to say
             if previous is None or previous[1] + 1 < p.block_at:
                 return ALLOW
-        streak = self._streak(state, capability, now)
+        previous = state.streaks.get(capability)
+        streak = 0 if previous is None or now - previous[2] > window else previous[1]
         span = f"{window:g} s"
         if same >= p.block_at:
             return LoopVerdict("block", "repeat", (
@@ -241,12 +242,10 @@ class LoopDetector:
         """The sessions being tracked, the one active last first (calls counted by the
         second)."""
         now = self._clock()
-        out = []
-        for name, state in reversed(self._sessions.items()):
-            out.append({"session": name, "calls_in_window": state.in_window.count(now),
-                        "calls_last_minute": state.in_minute.count(now),
-                        "last_call_age_s": round(now - state.last_call, 3)})
-        return out
+        return [{"session": name, "calls_in_window": state.in_window.count(now),
+                 "calls_last_minute": state.in_minute.count(now),
+                 "last_call_age_s": round(now - state.last_call, 3)}
+                for name, state in reversed(self._sessions.items())]
 
     def _session(self, key: str, now: float) -> _Session:
         """``key``'s state, made the most recently used; sessions idle past every window
@@ -266,9 +265,3 @@ class LoopDetector:
                 break
             del sessions[oldest_key]
         return state
-
-    def _streak(self, state: _Session, capability: str, now: float) -> int:
-        previous = state.streaks.get(capability)
-        if previous is None or now - previous[2] > self.policy.window_s:
-            return 0
-        return previous[1]

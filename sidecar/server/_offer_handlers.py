@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from capd.registry import (
@@ -76,12 +76,8 @@ async def resource_read(ctx: Context, a: ResourceReadIn) -> Reply:
         raise BadRequest(f"a resource uri holds at most {MAX_URI_CHARS} characters; name "
                          "the resource as listed")
     grant = ctx.caller.grant
-    try:
-        upstream, own = ctx.services.upstreams.resource_server(uri)
-    except UnknownOffer:
-        if grant.restricted:  # a server it cannot see and none at all: the same answer
-            raise _hidden(f"resource {uri!r}") from None
-        raise
+    upstream, own = _server(ctx, ctx.services.upstreams.resource_server, f"resource {uri!r}",
+                            uri)
     if _dotted(own):
         raise BadRequest(f"{uri!r}: a resource uri with '.' or '..' segments (or their "
                          "percent-encoding) is refused; name the resource as listed")
@@ -93,6 +89,18 @@ async def resource_read(ctx: Context, a: ResourceReadIn) -> Reply:
     result = await _asked(upstream, "resources/read", own, upstream.read_resource(own))
     prefix = uri.removeprefix("capd://").partition("/")[0]
     return Reply(200, contents_as_json(prefix, result))
+
+
+def _server(ctx: Context, lookup: Callable[[str], tuple[Upstream, str]], what: str,
+            name: str) -> tuple[Upstream, str]:
+    """The server offering ``name`` and its own name for it: a server the caller cannot
+    see and none at all are the same answer to a restricted caller."""
+    try:
+        return lookup(name)
+    except UnknownOffer:
+        if ctx.caller.grant.restricted:
+            raise _hidden(what) from None
+        raise
 
 
 def _dotted(uri: str) -> bool:
@@ -167,12 +175,7 @@ def _specificity(template: str) -> tuple[int, int]:
 async def prompt_get(ctx: Context, a: PromptGetIn) -> Reply:
     """Get one prompt with its arguments (a JSON object of strings)."""
     name, arguments = a.prompt, a.arguments
-    try:
-        upstream, own = ctx.services.upstreams.prompt_server(name)
-    except UnknownOffer:
-        if ctx.caller.grant.restricted:
-            raise _hidden(f"prompt {name!r}") from None
-        raise
+    upstream, own = _server(ctx, ctx.services.upstreams.prompt_server, f"prompt {name!r}", name)
     if not _inside(ctx.caller.grant, upstream, name):
         raise _hidden(f"prompt {name!r}")
     result = await _asked(upstream, "prompts/get", own, upstream.get_prompt(own, arguments))

@@ -23,7 +23,7 @@ import fnmatch
 import inspect
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,7 +37,7 @@ from capd.registry import USER_CODE_FAILURES, Blocked, Capability
 
 from ._authority import Authority
 from ._consent import ConsentStore
-from ._grant import Caller, Profile
+from ._grant import Caller
 from ._loops import LoopDetector, LoopPolicy
 
 log = structlog.get_logger("capd.policy")
@@ -87,11 +87,6 @@ class Policy:
 
     # -- grants ------------------------------------------------------------------------
 
-    @property
-    def profiles(self) -> Mapping[str, Profile]:
-        """The declared profiles by name."""
-        return self.authority.profiles
-
     def bound(self, caller: Caller) -> bool:
         """Whether some capability is outside ``caller``'s grant (then it hears of none)."""
         return caller.grant.restricted
@@ -132,19 +127,11 @@ class Policy:
 
     def before_hooks(self, capability: str) -> list[NamedHook]:
         """The before-hooks that apply to ``capability``, in configured order."""
-        hooks = self._before_for.get(capability)
-        if hooks is None:
-            hooks = self._before_for[capability] = [
-                h for h in self.before if h.matches(capability)]
-        return hooks
+        return _matching(self._before_for, self.before, capability)
 
     def after_hooks(self, capability: str) -> list[NamedHook]:
         """The after-hooks that apply to ``capability``, in configured order."""
-        hooks = self._after_for.get(capability)
-        if hooks is None:
-            hooks = self._after_for[capability] = [
-                h for h in self.after if h.matches(capability)]
-        return hooks
+        return _matching(self._after_for, self.after, capability)
 
     async def run_hook(self, hook: NamedHook, *args: Any) -> Any:
         """Run one hook under the timeout, off the loop if it is plain; return its value.
@@ -192,6 +179,14 @@ class Policy:
         except USER_CODE_FAILURES as exc:  # an observer's failure never changes the answer
             log.warning("after_hook_failed", hook=hook.name, capability=cap.name,
                         error=f"{type(exc).__name__}: {exc}")
+
+
+def _matching(cache: dict[str, list[NamedHook]], hooks: Sequence[NamedHook],
+              capability: str) -> list[NamedHook]:
+    found = cache.get(capability)
+    if found is None:
+        found = cache[capability] = [h for h in hooks if h.matches(capability)]
+    return found
 
 
 def _is_async(func: HookFunc) -> bool:

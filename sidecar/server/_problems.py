@@ -46,6 +46,38 @@ from ._consent import UnknownGrant
 log = structlog.get_logger("capd.api")
 
 
+_PROBLEMS: dict[type[Exception], tuple[int, str, dict[str, str]]] = {
+    # the error, its status and title, and its attributes the body carries (key: attribute)
+    BadRequest: (400, "Bad Request", {}),
+    Forbidden: (403, "Forbidden", {}),
+    InvalidArguments: (422, "Invalid Arguments", {"errors": "errors"}),
+    InvalidParams: (422, "Invalid Parameters", {"errors": "errors"}),
+    InvalidTimeout: (422, "Invalid Timeout",
+                     {"capability": "name", "requested": "requested", "limit_s": "limit_s"}),
+    UnknownCapability: (404, "Unknown Capability", {"suggestions": "suggestions"}),
+    UnknownTool: (404, "Unknown Tool", {}),
+    UnknownOffer: (404, "Not Found", {}),
+    UnknownToken: (404, "Unknown Token", {}),
+    UpstreamFailed: (502, "Upstream Error", {}),
+    ToolUnavailable: (503, "Server Unavailable", {}),
+    UnknownAgent: (404, "Unknown Agent", {"suggestions": "suggestions"}),
+    UnknownProfile: (404, "Unknown Profile", {"suggestions": "suggestions"}),
+    ExportConflict: (409, "Export Conflict", {"clashes": "clashes"}),
+    UnresolvedAgent: (422, "Unresolved Agent", {"agent": "agent", "unresolved": "problems"}),
+    UnknownTopology: (404, "Unknown Topology", {"suggestions": "suggestions"}),
+    InvalidTopology: (422, "Invalid Topology", {"topology": "topology_id", "problems": "problems"}),
+    Draining: (503, "Draining", {}),
+    SearchUnavailable: (503, "Search Unavailable", {}),
+    UnknownJob: (404, "Unknown Job", {}),
+    UnknownGrant: (404, "Unknown Grant", {}),
+    IdempotencyConflict: (409, "Idempotency Conflict", {}),
+    InvalidTransition: (409, "Invalid Transition", {}),
+    QueueClosed: (503, "Queue Closed", {}),
+}
+"""What each error a request may meet answers, looked up in this order (as ``except``
+clauses would be)."""
+
+
 def _p(status: int, title: str, detail: str, **extra: Any) -> tuple[int, dict[str, Any]]:
     return status, {"type": f"urn:capd:problem:{title.lower().replace(' ', '-')}",
                     "title": title, "status": status, "detail": detail, **extra}
@@ -53,60 +85,12 @@ def _p(status: int, title: str, detail: str, **extra: Any) -> tuple[int, dict[st
 
 def problem_body(exc: Exception, path: str) -> tuple[int, dict[str, Any]]:
     """The status and problem+json body that say what went wrong with a request."""
-    match exc:
-        case BadRequest():
-            return _p(400, "Bad Request", str(exc))
-        case Forbidden():
-            return _p(403, "Forbidden", str(exc))
-        case InvalidArguments():
-            return _p(422, "Invalid Arguments", str(exc), errors=exc.errors)
-        case InvalidParams():
-            return _p(422, "Invalid Parameters", str(exc), errors=exc.errors)
-        case InvalidTimeout():
-            return _p(422, "Invalid Timeout", str(exc), capability=exc.name,
-                           requested=exc.requested, limit_s=exc.limit_s)
-        case UnknownCapability():
-            return _p(404, "Unknown Capability", str(exc), suggestions=exc.suggestions)
-        case UnknownTool():
-            return _p(404, "Unknown Tool", str(exc))
-        case UnknownOffer():
-            return _p(404, "Not Found", str(exc))
-        case UnknownToken():
-            return _p(404, "Unknown Token", str(exc))
-        case UpstreamFailed():
-            return _p(502, "Upstream Error", str(exc))
-        case ToolUnavailable():
-            return _p(503, "Server Unavailable", str(exc))
-        case UnknownAgent():
-            return _p(404, "Unknown Agent", str(exc), suggestions=exc.suggestions)
-        case UnknownProfile():
-            return _p(404, "Unknown Profile", str(exc), suggestions=exc.suggestions)
-        case ExportConflict():
-            return _p(409, "Export Conflict", str(exc), clashes=exc.clashes)
-        case UnresolvedAgent():
-            return _p(422, "Unresolved Agent", str(exc), agent=exc.agent,
-                           unresolved=exc.problems)
-        case UnknownTopology():
-            return _p(404, "Unknown Topology", str(exc), suggestions=exc.suggestions)
-        case InvalidTopology():
-            return _p(422, "Invalid Topology", str(exc), topology=exc.topology_id,
-                           problems=exc.problems)
-        case Draining():
-            return _p(503, "Draining", str(exc))
-        case SearchUnavailable():
-            return _p(503, "Search Unavailable", str(exc))
-        case UnknownJob():
-            return _p(404, "Unknown Job", str(exc))
-        case UnknownGrant():
-            return _p(404, "Unknown Grant", str(exc))
-        case IdempotencyConflict():
-            return _p(409, "Idempotency Conflict", str(exc))
-        case InvalidTransition():
-            return _p(409, "Invalid Transition", str(exc))
-        case QueueClosed():
-            return _p(503, "Queue Closed", str(exc))
-        case CapdError():
-            log.error("request_failed", path=path, error=str(exc))
-            return _p(500, "Internal Error", str(exc))
+    for kind, (status, title, extra) in _PROBLEMS.items():
+        if isinstance(exc, kind):
+            return _p(status, title, str(exc),
+                      **{key: getattr(exc, attribute) for key, attribute in extra.items()})
+    if isinstance(exc, CapdError):
+        log.error("request_failed", path=path, error=str(exc))
+        return _p(500, "Internal Error", str(exc))
     log.error("request_crashed", path=path, error=repr(exc))
     return _p(500, "Internal Error", f"{type(exc).__name__}: {exc}")

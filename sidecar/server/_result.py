@@ -14,6 +14,7 @@ ToolResultStatus = Literal[
 
 
 STATUS_OF: dict[str, ToolResultStatus] = {
+    "success": "success", "partial": "partial",
     "transient": "error_transient", "permanent": "error_permanent", "blocked": "error_blocked",
 }
 

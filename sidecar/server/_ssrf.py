@@ -119,16 +119,18 @@ def find_urls(params: BaseModel) -> list[tuple[str, UrlHost]]:
     Raises :class:`SsrfRefused` naming the parameter for a value that looks like a
     URL but cannot be read unambiguously (a backslash in the host, a bad IPv4 form).
     """
-    found: list[tuple[str, UrlHost]] = []
-    for where, text in string_values(params):
-        try:
-            target = read_url(text)
-        except ValueError as exc:
-            raise SsrfRefused(str(exc), url=text, message=(
-                f"parameter {where!r}: {exc}; the SSRF guard refuses it")) from exc
-        if target is not None:
-            found.append((where, target))
-    return found
+    return [(where, target) for where, text in string_values(params)
+            if (target := _read(where, text)) is not None]
+
+
+def _read(where: str, text: str) -> UrlHost | None:
+    """``text`` as an absolute URL with a host (None: not one); raise :class:`SsrfRefused`
+    for one that cannot be read unambiguously."""
+    try:
+        return read_url(text)
+    except ValueError as exc:
+        raise SsrfRefused(str(exc), url=text, message=(
+            f"parameter {where!r}: {exc}; the SSRF guard refuses it")) from exc
 
 
 class SsrfGuard:
@@ -168,11 +170,7 @@ class SsrfGuard:
     async def check(self, where: str, url: str) -> None:
         """Raise :class:`Blocked` (an :class:`SsrfRefused`) if ``url`` may reach inside,
         or is not an absolute URL with a host."""
-        try:
-            target = read_url(url)
-        except ValueError as exc:
-            raise SsrfRefused(str(exc), url=url, message=(
-                f"parameter {where!r}: {exc}; the SSRF guard refuses it")) from exc
+        target = _read(where, url)
         if target is None:
             raise SsrfRefused(f"{url!r} is not an absolute URL with a host", url=url, message=(
                 f"parameter {where!r}: {url!r} is not an absolute URL with a host; the SSRF "

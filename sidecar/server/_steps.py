@@ -18,7 +18,7 @@ went to the retry queue (``Gateway.dispatch``'s record phase).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -31,6 +31,7 @@ from ._grant import Caller, Grant
 from ._result import ToolResult
 
 if TYPE_CHECKING:
+    from ._loops import LoopVerdict
     from ._policy import Policy
 
 
@@ -70,6 +71,8 @@ Outcome = tuple[ToolResult, ThreadHandle | None]
 """A step's answer: the result, and the op's thread when it still runs after the call
 gave up on it (the retry queue must not replay it meanwhile)."""
 Next = Callable[[Call], Awaitable[Outcome]]
+Link = Callable[[Call, Next], Awaitable[Outcome]]
+"""A step as the chain runs it: the call and the rest of the chain."""
 
 
 class Answers(Protocol):
@@ -193,21 +196,15 @@ class Loops(_Step):
         key = caller.loop_key
         if not loops.checks(key, caller.acts_as_agent):  # off, or a caller not counted
             return await rest(call)
-        warnings: list[str] = []
+        shared = caller.agent_key  # an agent's sessions also count together
         verdict = loops.before(key, cap.name, call.raw)
-        shared = caller.agent_key
-        if shared is not None:  # an agent's sessions also count together
-            across = loops.before(shared, cap.name, call.raw)
-            if _WORSE[across.decision] > _WORSE[verdict.decision]:
-                verdict = across
+        if shared is not None:
+            verdict = _worse(verdict, loops.before(shared, cap.name, call.raw))
         if verdict.decision == "block":
             return self._answers.refuse(call, self.kind, "loop_detected",
                                         verdict.message or "loop detected"), None
-        if verdict.message:
-            policy.note(self.kind, verdict.decision, capability=cap.name, caller=caller,
-                        reason=verdict.message, request_id=call.request_id)
-            warnings.append(verdict.message)
-        else:
+        warnings = self._noted(call, verdict)
+        if not warnings:
             policy.allow(self.kind)
         result, running = await rest(call)
         # "No progress" is a read answering the same again: a write acknowledging each
@@ -216,14 +213,21 @@ class Loops(_Step):
             answer = [result.status, result.error_type, result.result]
             verdict = loops.after(key, cap.name, answer)
             if shared is not None:
-                across = loops.after(shared, cap.name, answer)
-                if _WORSE[across.decision] > _WORSE[verdict.decision]:
-                    verdict = across
-            if verdict.message:
-                policy.note(self.kind, verdict.decision, capability=cap.name, caller=caller,
-                            reason=verdict.message, request_id=call.request_id)
-                warnings.append(verdict.message)
+                verdict = _worse(verdict, loops.after(shared, cap.name, answer))
+            warnings += self._noted(call, verdict)
         return _with_warnings((result, running), warnings)
+
+    def _noted(self, call: Call, verdict: LoopVerdict) -> list[str]:
+        """The warning ``verdict`` says (logged and counted), if any."""
+        if not verdict.message:
+            return []
+        call.policy.note(self.kind, verdict.decision, capability=call.capability.name,
+                         caller=call.caller, reason=verdict.message, request_id=call.request_id)
+        return [verdict.message]
+
+
+def _worse(verdict: LoopVerdict, other: LoopVerdict) -> LoopVerdict:
+    return other if _WORSE[other.decision] > _WORSE[verdict.decision] else verdict
 
 
 class BeforeHooks(_Step):
@@ -313,7 +317,7 @@ STEPS: tuple[StepFactory, ...] = (Authorize, Channel, Consent, Loops, BeforeHook
 """The declared order of the chain (the invoke comes last)."""
 
 
-def compose(steps: list[Step], invoke: Next) -> Next:
+def compose(steps: Sequence[Link], invoke: Next) -> Next:
     """``steps`` around ``invoke``, the first outermost."""
     chain = invoke
     for step in reversed(steps):
@@ -321,6 +325,6 @@ def compose(steps: list[Step], invoke: Next) -> Next:
     return chain
 
 
-def _link(step: Step, rest: Next) -> Next:
+def _link(step: Link, rest: Next) -> Next:
     # The step's own coroutine is what the caller awaits: no frame in between.
     return lambda call: step(call, rest)

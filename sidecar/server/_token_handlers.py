@@ -12,13 +12,9 @@ from .._errors import BadRequest, UnknownProfile, UnknownToken
 from .._table import TokenCreateIn, TokenIn
 from ._durations import parse_duration
 from ._services import Context, Handler, Reply
-from ._tokens import TokenProblem, TokenStore
+from ._tokens import TokenProblem
 
 log = structlog.get_logger("capd.tokens")
-
-
-def _store(ctx: Context) -> TokenStore:
-    return ctx.services.tokens
 
 
 async def token_create(ctx: Context, a: TokenCreateIn) -> Reply:
@@ -36,7 +32,7 @@ async def token_create(ctx: Context, a: TokenCreateIn) -> Reply:
     ttl_s = parse_duration(a.ttl) if a.ttl else None
     name = a.name or f"{profile or 'allow'}-{secrets.token_hex(2)}"
     try:
-        record, token = _store(ctx).create(str(name), profile=profile, allow=allow,
+        record, token = ctx.services.tokens.create(str(name), profile=profile, allow=allow,
                                            channel=channel, ttl_s=ttl_s)
     except TokenProblem as exc:
         raise BadRequest(str(exc)) from exc
@@ -49,13 +45,13 @@ async def token_create(ctx: Context, a: TokenCreateIn) -> Reply:
 async def token_list(ctx: Context, _: Params) -> Reply:
     """Every token, newest first (never a token or its hash)."""
     now = time.time()
-    return Reply(200, {"tokens": [r.view(now) for r in _store(ctx).records()]})
+    return Reply(200, {"tokens": [r.view(now) for r in ctx.services.tokens.records()]})
 
 
 async def token_revoke(ctx: Context, a: TokenIn) -> Reply:
     """Revoke a token by id or name: refused from its next request on."""
     try:
-        record = _store(ctx).revoke(a.token)
+        record = ctx.services.tokens.revoke(a.token)
     except TokenProblem as exc:
         raise UnknownToken(str(exc)) from exc
     log.info("token_revoked", token=record.name, id=record.id, by_uid=ctx.caller.uid)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 import re
 import secrets
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from ._consent import replace_file
 
 _TOKEN = re.compile(r"^capd_([A-Za-z0-9]{12})_([A-Za-z0-9_-]{43})$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -113,17 +114,9 @@ class TokenStore:
 
     def _save(self) -> None:
         self._with_use()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = orjson.dumps({"tokens": [asdict(r) for r in self._records.values()]},
-                            option=orjson.OPT_INDENT_2)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, self.path)
+        replace_file(self.path, orjson.dumps(
+            {"tokens": [asdict(r) for r in self._records.values()]},
+            option=orjson.OPT_INDENT_2), 0o600)
         self._loaded_mtime = self.path.stat().st_mtime
 
     def create(self, name: str, *, profile: str | None = None, allow: tuple[str, ...] = (),
@@ -167,7 +160,7 @@ class TokenStore:
         if record is None:
             raise TokenProblem(f"no token {key!r}; capd token list shows them")
         if record.revoked_at is None:
-            record = TokenRecord(**{**asdict(record), "revoked_at": self._clock()})
+            record = replace(record, revoked_at=self._clock())
             self._records[record.id] = record
             self._save()
         return record
