@@ -52,6 +52,12 @@ from ._store import JobQueue
 log = structlog.get_logger("capd.sweep")
 
 
+IDLE_S = 60.0
+SHARED_IDLE_S = 2.0
+"""How long the sweep sleeps at most with nothing due: its own queue wakes it on every
+enqueue; a queue shared by a fleet is looked at every ``SHARED_IDLE_S``."""
+
+
 class RetrySweep:
     """Finishes queued jobs. Owned by the daemon; ``run`` until ``stop`` is set."""
 
@@ -63,7 +69,7 @@ class RetrySweep:
         *,
         batch: int = 32,
         grace_s: float = 5.0,
-        idle_max_s: float = 60.0,
+        idle_max_s: float | None = None,
         clock: Callable[[], float] = time.time,
         executor: Executor | None = None,
         verify_executor: Executor | None = None,
@@ -78,7 +84,9 @@ class RetrySweep:
         self._rechecker = rechecker
         self._batch = batch
         self.grace_s = grace_s
-        self._idle_max_s = idle_max_s
+        # the longest sleep with nothing due: another host's job in a shared queue (or one
+        # a lost host leased) wakes nothing here, so a shared queue is looked at more often
+        self._idle_max_s = idle_max_s or (SHARED_IDLE_S if queue.shared else IDLE_S)
         self._clock = clock
         self._executor = executor
         self._verify_executor = verify_executor

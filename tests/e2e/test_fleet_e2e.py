@@ -44,6 +44,7 @@ summary = "Append a line to the shared file (its backend must be up)."
 requires = ["backend"]
 mutates_state = true
 retry_policy = "replay"
+timeout_s = 2  # a lost host's lease ends 3 s after its claim (timeout + lease_grace_s)
 '''
 
 
@@ -57,7 +58,7 @@ def write_host(folder: Path, name: str, queue_url: str, extra: str = "") -> Path
         f'plugin_paths = ["{folder}"]\ndeclarations = ["{folder / "caps.toml"}"]\n'
         f'entry_points = false\nstate_dir = "state"\nqueue_url = "{queue_url}"\n'
         "recheck_cooldown_s = 0\nrecheck_interval_s = 0.2\nretry_base_s = 0.2\n"
-        f"retry_cap_s = 0.5\n{extra}"
+        f"retry_cap_s = 0.5\nlease_grace_s = 1\n{extra}"
         f'\n[tools.backend]\nkind = "path"\npath = "{folder / "backend-up"}"\n')
     return config
 
