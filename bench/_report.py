@@ -59,6 +59,10 @@ def commit() -> str:
     return done.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
 
 
+NARRATIVE = "## What the figures say"
+"""The heading of the hand-written part of RESULTS.md, kept at every run."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", type=Path, required=True)
@@ -104,7 +108,10 @@ def main() -> None:
     for log in sorted(args.logs.glob("*.out")):
         lines += [f"### {log.stem[3:]}", "", "```", log.read_text(errors="replace").rstrip(),
                   "```", ""]
-    args.out.write_text("\n".join(lines) + "\n")
+    # the narrative written by hand below the figures is kept
+    before = args.out.read_text() if args.out.exists() else ""
+    kept = before[before.index(NARRATIVE):] if NARRATIVE in before else ""
+    args.out.write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
     print(f"wrote {args.out} ({len(rows)} rows)")
 
 
