@@ -172,6 +172,10 @@ connection closes after it); or ``100 Continue`` (the body being read may come).
 # -- one connection -------------------------------------------------------------
 
 
+LINGER_S = 2.0
+"""How long a refused client gets to read its answer and close before it is dropped."""
+
+
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses requests, answers them in order, holds back when it must.
 
@@ -199,6 +203,7 @@ class HttpConnection(asyncio.Protocol):
         self._eof = False
         self._done = False  # nothing after the last request is parsed
         self._answered_last = False  # the closing answer is written
+        self._lingering_since: float | None = None  # EOF sent after a refusal
         self._feeding = False
         # Received bytes not parsed yet: self._buf[self._pos:].
         self._buf = b""
@@ -263,6 +268,8 @@ class HttpConnection(asyncio.Protocol):
     def eof_received(self) -> bool:
         """The client finished sending: answer what it asked, then close."""
         self._eof = True
+        if self._lingering_since is not None:  # it read the refusal and left
+            return False
         if self._gone is not None:  # a streamed call's client closed its end: it has left
             self._gone.set()
         # True keeps the transport open for the answers.
@@ -571,7 +578,21 @@ class HttpConnection(asyncio.Protocol):
 
     def _maybe_finish(self) -> None:
         if self._answered_last and not self._discarding:
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after a refusal without losing it: end our side after the answer, then
+        read and drop what the client still sends until it closes (at most ``LINGER_S``).
+        Closing at once would reset the connection under a byte that arrives meanwhile,
+        and the client would read the reset instead of the answer."""
+        if self._eof or not self._transport.can_write_eof():
             self.close()
+            return
+        if self._flow.read_paused:
+            self._flow.resume_reading()
+        self._closing = True
+        self._lingering_since = self._clock()
+        self._transport.write_eof()
 
     # -- answering --------------------------------------------------------------
 
@@ -700,6 +721,10 @@ class HttpConnection(asyncio.Protocol):
         answered 408 after the answers before it; an idle connection is closed.
         """
         state, flow = self._state, self._flow
+        if self._lingering_since is not None:
+            if now - self._lingering_since > LINGER_S:
+                self.abort()
+            return None
         if flow.write_paused_at is not None and now - flow.write_paused_at > state.idle_timeout_s:
             self.abort()
             return "stalled"

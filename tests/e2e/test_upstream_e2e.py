@@ -72,19 +72,22 @@ def up(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
 def server_pid(daemon: DaemonProcess, module: str) -> int:
     """The pid of the MCP server process the daemon spawned for ``module``."""
     assert daemon.proc is not None
+    found: list[tuple[int, int]] = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             status = (proc / "status").read_text()
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            started = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[19])
         except OSError:
             continue
-        ppid = int(next(line.split()[1] for line in status.splitlines()
-                        if line.startswith("PPid:")))
-        if ppid == daemon.proc.pid and module.encode() in cmdline:
-            return int(proc.name)
-    raise AssertionError(f"no {module} process under the daemon")
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["PPid"]) == daemon.proc.pid and module.encode() in cmdline \
+                and fields["State"].split()[0] not in ("Z", "X"):  # one exiting is not it
+            found.append((started, int(proc.name)))
+    assert found, f"no {module} process under the daemon"
+    return max(found)[1]  # the newest: a server restarted a moment ago replaces the old
 
 
 
