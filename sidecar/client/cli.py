@@ -27,7 +27,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from capd.registry import CapdError, ConfigError
 
@@ -225,8 +225,31 @@ def _bridge_profile(args: argparse.Namespace) -> Profile | None:
     return load_profile(Path(args.profile)) if args.profile else None
 
 
+CLIENTS = ("claude", "claude-code", "cursor", "vscode")
+"""The MCP clients ``capd mcp-config --client`` writes an entry for, in each one's format."""
+
+
 def cmd_mcp_config(args: argparse.Namespace) -> int:
-    """Print the JSON an MCP client's configuration needs to launch the bridge."""
+    """Print the configuration entry an MCP client reads to reach capd: the stdio bridge
+    it launches, or (``--http``) the daemon's front door with a bearer token."""
+    name, server = ("capd", _http_entry(args)) if args.http else _bridge_entry(args)
+    client = args.client or "claude"
+    if client == "vscode":  # .vscode/mcp.json: "servers", each with its type
+        entry: dict[str, Any] = {"servers": {name: {"type": "http" if args.http else "stdio",
+                                                     **server}}}
+        if args.http and not args.token:  # VS Code asks for it once and keeps it secret
+            entry["inputs"] = [{"type": "promptString", "id": "capd-token", "password": True,
+                                "description": "capd bearer token (capd token create)"}]
+    elif client == "claude-code":  # .mcp.json
+        entry = {"mcpServers": {name: {"type": "http" if args.http else "stdio", **server}}}
+    else:  # Claude Desktop's claude_desktop_config.json, Cursor's mcp.json
+        entry = {"mcpServers": {name: server}}
+    print(json.dumps(entry, indent=2))
+    return EXIT_OK
+
+
+def _bridge_entry(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The bridge as a client launches it: its name and its command line."""
     command = str(Path(sys.argv[0]).resolve()) if Path(sys.argv[0]).name == "capd" else "capd"
     arguments = ["mcp", "--socket", str(socket_path(args.socket))]
     name = "capd"
@@ -240,9 +263,28 @@ def cmd_mcp_config(args: argparse.Namespace) -> int:
         arguments += ["--expose", "direct", *(x for t in args.tag or () for x in ("--tag", t))]
     arguments += [x for flag in ("channel", "tools") if getattr(args, flag)
                   for x in (f"--{flag}", getattr(args, flag))]
-    print(json.dumps({"mcpServers": {name: {"command": command, "args": arguments}}},
-                     indent=2))
-    return EXIT_OK
+    return name, {"command": command, "args": arguments}
+
+
+def _http_entry(args: argparse.Namespace) -> dict[str, Any]:
+    """The front door as a client reaches it over HTTP, with its bearer token."""
+    if not re.match(r"^https?://[^/\s]+/\S*$", args.http):
+        raise UsageError(f"--http {args.http!r}: give the front door's URL, e.g. "
+                         "http://127.0.0.1:8765/mcp ([mcp.http] in capd.toml)")
+    what = [flag for flag in ("profile", "allow", "channel", "tools", "tag")
+            if getattr(args, flag)] + (["expose"] if args.expose != "meta" else [])
+    if what:  # over HTTP the token is the grant
+        raise UsageError(f"--{what[0]} is the bridge's: over --http a token's profile or "
+                         "allow list is its reach (capd token create --profile NAME)")
+    if args.client == "claude":
+        raise UsageError("Claude Desktop's config file starts local servers only: leave out "
+                         "--http (it launches capd mcp), or add the URL as a custom connector "
+                         "in its settings")
+    token = args.token or ("${input:capd-token}" if args.client == "vscode" else None)
+    if token is None:
+        raise UsageError(f"--client {args.client or 'claude'} over --http needs --token "
+                         "(capd token create --profile NAME prints one)")
+    return {"url": args.http, "headers": {"Authorization": f"Bearer {token}"}}
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -393,6 +435,8 @@ def make_parser() -> argparse.ArgumentParser:
             "capd mcp --allow notes.search,notes.append   # exactly these capabilities")),
         ("mcp-config", cmd_mcp_config, "Print the MCP client config entry for the bridge.", (
             "capd mcp-config", "capd mcp-config --profile writer.toml",
+            "capd mcp-config --client vscode > .vscode/mcp.json",
+            "capd mcp-config --client claude-code --http http://127.0.0.1:8765/mcp --token T",
             "capd mcp-config --allow notes.search   # or: capd agent resolve NAME")),
     ):
         mcp = add_command(sub, name, summary, examples)
@@ -410,6 +454,14 @@ def make_parser() -> argparse.ArgumentParser:
         mcp.add_argument("--channel", help="the conversation channel the agent speaks from "
                          "(private, team...): capabilities declaring channels run only for "
                          "theirs; a caller [[peers]] binds to a channel cannot change it")
+        if name == "mcp-config":
+            mcp.add_argument("--client", choices=CLIENTS, help="the client's own format: "
+                             "claude (Claude Desktop; the default), claude-code (.mcp.json), "
+                             "cursor (mcp.json), vscode (.vscode/mcp.json)")
+            mcp.add_argument("--http", metavar="URL", help="the front door's URL instead of "
+                             "the bridge ([mcp.http]: http://127.0.0.1:8765/mcp)")
+            mcp.add_argument("--token", help="with --http: the bearer token (capd token "
+                             "create); VS Code asks for it when left out")
         mcp.set_defaults(handler=handler)
 
     completion = add_command(
