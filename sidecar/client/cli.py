@@ -56,7 +56,8 @@ if TYPE_CHECKING:  # the bridge's module loads the MCP SDK: only `capd mcp` need
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program stopped by Ctrl-C
 EXIT_PIPE = 141         # 128 + SIGPIPE, as a shell reports `yes | head -1`
 
-LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config", "completion", "install-units", "top")
+LOCAL_COMMANDS = ("serve", "check", "mcp", "mcp-config", "import", "completion", "install-units",
+                  "top")
 
 
 # ----------------------------------------------------------------- local commands
@@ -287,6 +288,47 @@ def _http_entry(args: argparse.Namespace) -> dict[str, Any]:
     return {"url": args.http, "headers": {"Authorization": f"Bearer {token}"}}
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    """Append the MCP servers of a client's configuration to capd.toml as upstream tools,
+    after showing the diff (and asking, on a terminal, unless --yes)."""
+    import tomllib
+
+    from ._import import diff, import_servers
+
+    config = Path(args.config or os.environ.get(DEFAULT_CONFIG_ENV) or "capd.toml")
+    try:
+        current = tomllib.loads(config.read_text(encoding="utf-8")) if config.exists() else {}
+        after, skipped = import_servers(Path(args.path), config, set(current.get("tools", {})))
+    except (OSError, ValueError) as exc:  # tomllib's error is a ValueError too
+        echo(f"capd: {exc}", err=True)
+        return EXIT_FAILED
+    for name, why in skipped:
+        echo(f"capd: left out {name}: {why}", err=True)
+    before = config.read_text(encoding="utf-8") if config.exists() else ""
+    if after == before:
+        echo("capd: nothing to import", err=True)
+        return EXIT_FAILED
+    echo(diff(config, before, after), end="")
+    trial = config.with_name(f".{config.name}.import")
+    trial.write_text(after, encoding="utf-8")
+    try:  # what is written must load: checked on the new text, beside the file
+        from ..server import load_config
+
+        load_config(trial)
+        if not args.yes and not (sys.stdin.isatty() and input(
+                f"write this to {config}? [y/N] ").strip().lower() in ("y", "yes")):
+            echo(f"capd: nothing written (capd import {args.path} --yes writes it)", err=True)
+            return EXIT_OK
+        trial.replace(config)
+    except ConfigError as exc:
+        echo(f"capd: the imported file would not load, nothing written: {exc}", err=True)
+        return EXIT_FAILED
+    finally:
+        trial.unlink(missing_ok=True)
+    echo(f"capd: wrote {config}; capd reload (or capd check) takes the servers in", err=True)
+    return EXIT_OK
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
     """Print the completion script for ``args.shell``, generated from the parser."""
     from ._completion import completion_script
@@ -463,6 +505,17 @@ def make_parser() -> argparse.ArgumentParser:
             mcp.add_argument("--token", help="with --http: the bearer token (capd token "
                              "create); VS Code asks for it when left out")
         mcp.set_defaults(handler=handler)
+
+    imported = add_command(
+        sub, "import", "Add the MCP servers a client's config file holds to capd.toml.", (
+            "capd import ~/.config/Claude/claude_desktop_config.json   # shows the diff, asks",
+            "capd import ~/.cursor/mcp.json --config /etc/capd/capd.toml --yes"))
+    imported.add_argument("path", metavar="PATH", help="a JSON file with mcpServers (Claude "
+                          "Desktop, Cursor, .mcp.json) or servers (VS Code)")
+    imported.add_argument("--config", help="the capd.toml to add them to (default: "
+                          "$CAPD_CONFIG, else ./capd.toml)")
+    imported.add_argument("--yes", action="store_true", help="write without asking")
+    imported.set_defaults(handler=cmd_import)
 
     completion = add_command(
         sub, "completion", "Print a shell completion script for every command and option.", (
