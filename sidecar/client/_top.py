@@ -39,8 +39,8 @@ from urllib.parse import quote, urlencode
 from prometheus_client.parser import text_string_to_metric_families
 
 from .._errors import DaemonUnreachable
-from ._client import request
-from ._render import describe_failure
+from ._completion import RowFailed as _RowFailed
+from ._completion import getter
 from ._terminal import one_line as _text  # a value the daemon sent, for one line
 
 EXIT_OK = 0
@@ -61,10 +61,6 @@ T = TypeVar("T")
 
 RECENT_SHOWN = 5
 """How many of the daemon's recent policy decisions the view lists."""
-
-
-class _RowFailed(Exception):
-    """A row answered something other than what the view reads (not 2xx, or not JSON)."""
 
 
 # ----------------------------------------------------------------------------- values
@@ -315,13 +311,11 @@ def format_age(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    for size, unit, part, part_unit in ((86400, "d", 3600, "h"), (3600, "h", 60, "m"),
+                                        (60, "m", 1, "s")):
+        if s >= size:
+            return f"{s // size}{unit}{s % size // part:02d}{part_unit}"
+    return f"{s}s"
 
 
 def format_clock(epoch: float) -> str:
@@ -470,20 +464,6 @@ def render(view: View) -> list[Line]:
 
 
 # ------------------------------------------------------------------------------- read
-
-
-def _getter(socket_path: Path, timeout_s: float) -> Getter:
-    """GET a row's body; raise :class:`DaemonUnreachable` when nothing answers,
-    :class:`_RowFailed` when the answer is not 2xx."""
-
-    def get(path: str) -> Any:
-        reply = request(socket_path, "GET", path, timeout_s=timeout_s)
-        if not 200 <= reply.status < 300:
-            raise _RowFailed(f"GET {path} answered {reply.status}: "
-                             f"{describe_failure(path, reply.body)}")
-        return reply.body
-
-    return get
 
 
 def _object(body: Any, path: str) -> dict[str, Any]:
@@ -673,7 +653,7 @@ def _loop(screen: curses.window, watch: Watch, interval_s: float,
 def run_top(socket_path: Path, interval: float) -> int:
     """Show the daemon at ``socket_path``, read every ``interval`` seconds, until ``q``
     (0) or Ctrl-C (130). The terminal is restored in either case."""
-    watch = Watch(socket_path, _getter(socket_path, REQUEST_TIMEOUT_S))
+    watch = Watch(socket_path, getter(socket_path, REQUEST_TIMEOUT_S))
     # ncurses takes LINES and COLUMNS, when set, over the terminal's size, even after a
     # resize (GNU readline exports them in a process that loaded it): the view must follow
     # the terminal it is in.
