@@ -384,6 +384,9 @@ def _upstream_line(u: Mapping[str, Any], now: float) -> Line:
     return (f"    mcp {_text(u.get('kind'))}: NOT CONNECTED{when}{error}", "warn")
 
 
+_CALL_HEADER = ("CAPABILITY", "CALLS/S", "CALLS", "ERRORS", "P50", "P99")
+
+
 def _window_label(samples: Sequence[Sample]) -> str:
     span = samples[-1].taken_at - samples[0].taken_at if len(samples) > 1 else 0.0
     return f"the last {span:.0f} s" if span > 0 else "the daemon's life (one sample yet)"
@@ -400,10 +403,8 @@ def _call_lines(samples: Sequence[Sample]) -> list[Line]:
     rows = [(_text(r.capability), "-" if r.per_s is None else f"{r.per_s:.1f}",
              f"{r.calls:g}", f"{r.errors:g}", format_seconds(r.p50_s), format_seconds(r.p99_s))
             for r in call_figures(samples)]
-    if rows:
-        rows.insert(0, ("CAPABILITY", "CALLS/S", "CALLS", "ERRORS", "P50", "P99"))
-    return lines + [(f"  {name:<{NAME_WIDTH}} {per_s:>8} {calls:>7} {errors:>7} {p50:>10} "
-                     f"{p99:>10}", "plain") for name, per_s, calls, errors, p50, p99 in rows]
+    return lines + [(f"  {n:<{NAME_WIDTH}} {s:>8} {c:>7} {e:>7} {p50:>10} {p99:>10}", "plain")
+                    for n, s, c, e, p50, p99 in ([_CALL_HEADER, *rows] if rows else [])]
 
 
 def _queue_lines(s: Sample, now: float) -> list[Line]:
@@ -434,9 +435,9 @@ def _refusal_lines(samples: Sequence[Sample]) -> list[Line]:
     ever = sum(n for (_, d), n in latest.decisions.items() if d == REFUSAL) if latest else 0
     head = (f"Refusals over {_window_label(samples)}  {sum(steps.values()):g}"
             f"  (since the daemon started: {ever:g})")
-    lines: list[Line] = [(head, "warn" if steps or blocked else "head")]
-    lines.append((f"  policy refusals by step: {_counts(steps.items())}", "plain"))
-    lines.append((f"  calls answered error_blocked: {_counts(blocked.items())}", "plain"))
+    lines: list[Line] = [(head, "warn" if steps or blocked else "head"),
+                         (f"  policy refusals by step: {_counts(steps.items())}", "plain"),
+                         (f"  calls answered error_blocked: {_counts(blocked.items())}", "plain")]
     for refusal in samples[-1].refusals:
         when = format_clock(refusal.at) if refusal.at else "?"
         lines.append((f"  {when}  {_text(refusal.kind)} {_text(refusal.decision)}  "
@@ -582,12 +583,11 @@ class Watch:
         """Read the daemon once; never raises for a daemon that is down or refuses."""
         try:
             sample = read_sample(self._get, taken_at)
-        except DaemonUnreachable as exc:
-            self._gone(now, f"daemon not reachable at {_text(self.socket_path)}", str(exc))
-            return
-        except (_RowFailed, ValueError) as exc:
-            self._gone(now, f"daemon at {_text(self.socket_path)} answers, but not its status",
-                       str(exc))
+        except (DaemonUnreachable, _RowFailed, ValueError) as exc:
+            where = _text(self.socket_path)
+            self._gone(now, f"daemon not reachable at {where}" if isinstance(
+                exc, DaemonUnreachable) else f"daemon at {where} answers, but not its status",
+                str(exc))
             return
         self.away = None
         if self.samples and self.samples[-1].pid != sample.pid:
