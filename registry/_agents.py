@@ -25,9 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from ._errors import UnknownCapability
+from ._model import exactly_one
 from ._names import is_valid_reference, without_mark
 from ._registry import Registry
 
@@ -84,11 +85,8 @@ class AgentServer(BaseModel):
     url: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _one(self) -> AgentServer:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("a server is a command (stdio) or a url (HTTP), one of them")
-        return self
+    _one = exactly_one("command", "url",
+                       "a server is a command (stdio) or a url (HTTP), one of them")
 
 
 class AgentSpec(BaseModel):

@@ -115,41 +115,28 @@ async def _assemble(tools: dict[str, ToolSpec], pool: UpstreamPool | None,
     claimed: dict[str, Capability] = {}
     for cap in capabilities:
         if cap.name in accepted:
-            errors.append(DeclarationError(
-                cap.source or "?",
-                f"duplicate name: already declared by {accepted[cap.name].source}",
-                capability=cap.name, field="name",
-            ))
+            _refuse(errors, cap, "name",
+                    f"duplicate name: already declared by {accepted[cap.name].source}")
             continue
         clashes = _alias_problems(cap, names, claimed)
         if clashes:
-            errors.append(DeclarationError(
-                cap.source or "?", "; ".join(clashes), capability=cap.name, field="aliases",
-            ))
+            _refuse(errors, cap, "aliases", "; ".join(clashes))
             continue
         claimed.update(dict.fromkeys(cap.aliases, cap))
         unknown = [t for t in cap.requires if t not in tools]
         if unknown:
             named = ", ".join(repr(t) + close_hint(t, tools) for t in unknown)
-            errors.append(DeclarationError(
-                cap.source or "?",
-                f"requires unknown tool {named}; declare it under "
-                "[tools.<id>] in capd.toml or in a declaration file",
-                capability=cap.name, field="requires",
-            ))
+            _refuse(errors, cap, "requires", f"requires unknown tool {named}; declare it under "
+                    "[tools.<id>] in capd.toml or in a declaration file")
             continue
-        if cap.host is not None:
-            unmet = cap.host.unmet()
-            if unmet:
-                not_on_host[cap.name] = "; ".join(unmet)
-                continue
+        unmet = cap.host.unmet() if cap.host is not None else None
+        if unmet:
+            not_on_host[cap.name] = "; ".join(unmet)
+            continue
         missing_ops = [e.op for e in cap.effects if isinstance(e, OpEffect) and e.op not in ops.ops]
         if missing_ops:
-            errors.append(DeclarationError(
-                cap.source or "?",
-                f"effects: verify op {', '.join(repr(o) for o in missing_ops)} is not registered",
-                capability=cap.name, field="effects",
-            ))
+            _refuse(errors, cap, "effects", f"effects: verify op "
+                    f"{', '.join(repr(o) for o in missing_ops)} is not registered")
             continue
         accepted[cap.name] = cap
 
@@ -161,6 +148,11 @@ async def _assemble(tools: dict[str, ToolSpec], pool: UpstreamPool | None,
     for source, left in left_out_by.items():
         registry.left_out_from(source, left)
     return registry
+
+
+def _refuse(errors: list[DeclarationError], cap: Capability, field: str, message: str) -> None:
+    """Report ``cap`` refused for ``message``, naming its source and ``field``."""
+    errors.append(DeclarationError(cap.source or "?", message, capability=cap.name, field=field))
 
 
 def _alias_problems(
@@ -203,10 +195,7 @@ def _settle_routes(
     for cap in [c for c in accepted.values() if c.on_error]:
         routes, problems = resolve_routes(cap.name, cap.on_error, known)
         if problems:
-            errors.append(DeclarationError(
-                cap.source or "?", "on_error: " + "; ".join(problems), capability=cap.name,
-                field="on_error",
-            ))
+            _refuse(errors, cap, "on_error", "on_error: " + "; ".join(problems))
             del accepted[cap.name]
         elif routes != cap.on_error:
             accepted[cap.name] = cap.model_copy(update={"on_error": routes})

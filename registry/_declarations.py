@@ -112,17 +112,12 @@ def capability_from_spec(spec: CapabilitySpec) -> Capability:
     """Turn a ``@capability`` marker into a :class:`Capability`; raise :class:`DeclarationError`."""
     params = spec.parameters or infer_parameters(spec.func)
     if params is None:
-        raise DeclarationError(
-            spec.source,
-            "cannot tell the parameter model: annotate the first argument with a pydantic "
-            "model or pass params=",
-            capability=spec.name,
-            field="parameters",
-        )
+        raise DeclarationError(spec.source, "cannot tell the parameter model: annotate the first "
+                               "argument with a pydantic model or pass params=",
+                               capability=spec.name, field="parameters")
     try:
-        return Capability(
-            name=spec.name, func=spec.func, parameters=params, source=spec.source, **spec.meta
-        )
+        return Capability(name=spec.name, func=spec.func, parameters=params, source=spec.source,
+                          **spec.meta)
     except ValidationError as exc:
         text, fld = describe_validation_error(exc)
         raise DeclarationError(spec.source, text, capability=spec.name, field=fld) from exc
@@ -135,40 +130,34 @@ def _declared_capability(
         raise DeclarationError(source, f"capability[{index}] must be a table")
     name = raw.get("name")
     label = name if isinstance(name, str) else f"capability[{index}]"
+
+    def refused(message: str, field: str | None = None) -> DeclarationError:
+        return DeclarationError(source, message, capability=label, field=field)
+
     data = dict(raw)
     for key in _RESERVED & data.keys():
-        raise DeclarationError(
-            source, f"field '{key}' cannot be declared; it comes from the op", capability=label,
-            field=key,
-        )
+        raise refused(f"field '{key}' cannot be declared; it comes from the op", key)
     op_id = data.pop("op", None)
     if not isinstance(op_id, str) or not op_id:
-        raise DeclarationError(source, "missing field 'op' (the op id to call)", capability=label,
-                               field="op")
+        raise refused("missing field 'op' (the op id to call)", "op")
     spec = ops.ops.get(op_id)
     if spec is None:
         hint = close_hint(op_id, ops.ops) or f" (known ops: {', '.join(sorted(ops.ops)) or 'none'})"
-        raise DeclarationError(source, f"unknown op {op_id!r}{hint}", capability=label, field="op")
+        raise refused(f"unknown op {op_id!r}{hint}", "op")
     params = spec.parameters or infer_parameters(spec.func)
     if params is None:
-        raise DeclarationError(
-            source, f"op {op_id!r} ({spec.source}) has no pydantic parameter model",
-            capability=label, field="op",
-        )
+        raise refused(f"op {op_id!r} ({spec.source}) has no pydantic parameter model", "op")
     try:
         if "options" in data:
             data["options"] = render_vars(data["options"], variables)
     except TemplateError as exc:
-        raise DeclarationError(
-            source, f"options: {exc}", capability=label, field="options"
-        ) from exc
+        raise refused(f"options: {exc}", "options") from exc
     try:
         return Capability(func=spec.func, parameters=params, op_id=op_id, source=source, **data)
     except ValidationError as exc:
-        text, fld = describe_validation_error(exc)
-        raise DeclarationError(source, text, capability=label, field=fld) from exc
+        raise refused(*describe_validation_error(exc)) from exc
     except TypeError as exc:  # a non-string key in the table
-        raise DeclarationError(source, str(exc), capability=label) from exc
+        raise refused(str(exc)) from exc
 
 
 def declaration_files(paths: Iterable[Path]) -> list[Path]:
@@ -180,9 +169,8 @@ def declaration_files(paths: Iterable[Path]) -> list[Path]:
         elif path.is_file():
             files.append(path)
         else:
-            raise ConfigError(
-                f"declarations: {path} does not exist; fix the path in 'declarations' or create it"
-            )
+            raise ConfigError(f"declarations: {path} does not exist; fix the path in "
+                              "'declarations' or create it")
     return files
 
 
@@ -205,11 +193,9 @@ def load_declarations(
         if isinstance(doc, DeclarationError):
             result.errors.append(doc)
             continue
-        for key in doc.keys() - _FILE_KEYS:
-            result.errors.append(
-                DeclarationError(source, f"unknown top-level key {key!r} (expected [[capability]], "
-                                 "[tools.<id>] or [[topology]])", field=key)
-            )
+        result.errors += [DeclarationError(source, f"unknown top-level key {key!r} (expected "
+                                           "[[capability]], [tools.<id>] or [[topology]])",
+                                           field=key) for key in doc.keys() - _FILE_KEYS]
         if "topology" in doc:
             _add_topologies(doc["topology"], source, result)
         tools = doc.get("tools", {})
@@ -224,11 +210,8 @@ def load_declarations(
                 result.errors.append(exc)
         entries = doc.get("capability", [])
         if not isinstance(entries, list):
-            result.errors.append(
-                DeclarationError(
-                    source, "use [[capability]] (an array of tables)", field="capability"
-                )
-            )
+            result.errors.append(DeclarationError(
+                source, "use [[capability]] (an array of tables)", field="capability"))
             continue
         for index, raw in enumerate(entries):
             try:

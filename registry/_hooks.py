@@ -54,8 +54,8 @@ class HookSpec:
     def __post_init__(self) -> None:
         if self.kind not in _ARGUMENTS:
             raise ValueError(f"hook kind must be 'before' or 'after', not {self.kind!r}")
-        _check_name(self.name, f"{self.kind}_call")
-        _check_pattern(self.pattern, f"{self.kind}_call")
+        _check("name", self.name, f"{self.kind}_call")
+        _check("pattern", self.pattern, f"{self.kind}_call")
 
     def matches(self, capability_name: str) -> bool:
         """Whether this hook applies to the capability called ``capability_name``."""
@@ -104,9 +104,9 @@ def _marker(kind: HookKind, pattern: str, name: str | None) -> Callable[[F], F]:
     marker = f"{kind}_call"
     if callable(pattern) and not isinstance(pattern, str):
         raise TypeError(f"use @{marker}() or @{marker}('<pattern>'), with parentheses")
-    _check_pattern(pattern, marker)
+    _check("pattern", pattern, marker)
     if name is not None:
-        _check_name(name, marker)
+        _check("name", name, marker)
 
     def mark(func: F) -> F:
         _check_signature(func, kind)
@@ -118,21 +118,18 @@ def _marker(kind: HookKind, pattern: str, name: str | None) -> Callable[[F], F]:
     return mark
 
 
-def _check_pattern(pattern: object, marker: str) -> None:
-    if not isinstance(pattern, str):
-        raise TypeError(f"{marker}: pattern must be a string, not {type(pattern).__name__}")
-    if not pattern.strip():
-        raise ValueError(
-            f"{marker}: pattern must be a non-empty glob over capability names, such as "
-            "'notes.*' or '*' for every capability"
-        )
+_EMPTY = {"pattern": "must be a non-empty glob over capability names, such as 'notes.*' or "
+          "'*' for every capability",
+          "name": "must not be empty; leave it out to use module:function"}
 
 
-def _check_name(name: object, marker: str) -> None:
-    if not isinstance(name, str):
-        raise TypeError(f"{marker}: name must be a string, not {type(name).__name__}")
-    if not name.strip():
-        raise ValueError(f"{marker}: name must not be empty; leave it out to use module:function")
+def _check(what: Literal["pattern", "name"], value: object, marker: str) -> None:
+    """Raise TypeError unless ``value`` (the marker's ``what``) is a string, ValueError if
+    it is blank."""
+    if not isinstance(value, str):
+        raise TypeError(f"{marker}: {what} must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise ValueError(f"{marker}: {what} {_EMPTY[what]}")
 
 
 def _check_signature(func: Callable[..., Any], kind: HookKind) -> None:

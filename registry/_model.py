@@ -43,6 +43,21 @@ ERROR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+def exactly_one(first: str, second: str, message: str, *, program: str | None = None) -> Any:
+    """An after-validator of a model: exactly one of the fields ``first`` and ``second``
+    is set (else ValueError ``message``), and the argv field ``program``, if named and
+    set, is not empty."""
+
+    def check(self: Any) -> Any:
+        if (getattr(self, first) is None) == (getattr(self, second) is None):
+            raise ValueError(message)
+        if program is not None and getattr(self, program) == ():
+            raise ValueError(f"'{program}' must name a program")
+        return self
+
+    return model_validator(mode="after")(check)
+
+
 # --------------------------------------------------------------------------- tools
 
 
@@ -62,13 +77,8 @@ class CommandProbe(_ProbeSpec):
     which: str | None = None
     argv: tuple[str, ...] | None = None
 
-    @model_validator(mode="after")
-    def _one_of(self) -> CommandProbe:
-        if (self.which is None) == (self.argv is None):
-            raise ValueError("a command probe needs exactly one of 'which' or 'argv'")
-        if self.argv is not None and not self.argv:
-            raise ValueError("'argv' must name a program")
-        return self
+    _one_of = exactly_one("which", "argv", "a command probe needs exactly one of 'which' or "
+                          "'argv'", program="argv")
 
 
 class HttpProbe(_ProbeSpec):
@@ -145,15 +155,9 @@ class McpProbe(_ProbeSpec):
     direct: bool = Field(False, description="An agent's runtime reaches this server itself.")
     tags: tuple[str, ...] = ()
 
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpProbe:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("an mcp tool needs exactly one of 'command' (stdio) or 'url' "
-                             "(streamable HTTP)")
-        if self.command is not None and not self.command:
-            raise ValueError("'command' must name a program")
-        return self
-
+    _one_transport = exactly_one("command", "url", "an mcp tool needs exactly one of "
+                                 "'command' (stdio) or 'url' (streamable HTTP)",
+                                 program="command")
 
 
 ToolSpec = Annotated[
@@ -204,11 +208,8 @@ class FileContainsEffect(_EffectSpec):
     regex: str | None = None
     _templated = ("path", "line", "regex")
 
-    @model_validator(mode="after")
-    def _one_of(self) -> FileContainsEffect:
-        if (self.line is None) == (self.regex is None):
-            raise ValueError("a file_contains effect needs exactly one of 'line' or 'regex'")
-        return self
+    _one_of = exactly_one("line", "regex",
+                          "a file_contains effect needs exactly one of 'line' or 'regex'")
 
 
 class FileExistsEffect(_EffectSpec):
@@ -380,9 +381,8 @@ class Capability(BaseModel):
 
     @field_validator("aliases")
     @classmethod
-    def _well_formed_aliases(
-        cls, value: tuple[str, ...], info: ValidationInfo
-    ) -> tuple[str, ...]:
+    def _well_formed_aliases(cls, value: tuple[str, ...], info: ValidationInfo
+                             ) -> tuple[str, ...]:
         problems: list[str] = []
         seen: set[str] = set()
         for alias in value:
@@ -412,10 +412,9 @@ class Capability(BaseModel):
     @classmethod
     def _fallback_is_safe(cls, value: bool, info: ValidationInfo) -> bool:
         if value and info.data.get("mutates_state"):
-            raise ValueError(
-                "auto_fallback = true is only for a capability that does not mutate state (a "
-                "write must never be retried elsewhere unasked); set auto_fallback = false"
-            )
+            raise ValueError("auto_fallback = true is only for a capability that does not mutate "
+                             "state (a write must never be retried elsewhere unasked); set "
+                             "auto_fallback = false")
         return value
 
     @field_validator("summary", "description")
@@ -438,21 +437,17 @@ class Capability(BaseModel):
                 f"latency_class 'inner' answers within {INNER_TIMEOUT_S:g} s, and timeout_s is "
                 f"{self.timeout_s:g}: lower timeout_s, or declare latency_class = 'outer'")
         if self.retry_policy in ("replay", "verify_first") and not self.mutates_state:
-            raise ValueError(
-                f"retry_policy '{self.retry_policy}' only applies to a capability that mutates "
-                "state; set mutates_state = true or retry_policy = 'manual'"
-            )
+            raise ValueError(f"retry_policy '{self.retry_policy}' only applies to a capability "
+                             "that mutates state; set mutates_state = true or retry_policy = "
+                             "'manual'")
         if self.retry_policy == "verify_first" and not self.effects:
-            raise ValueError(
-                "retry_policy 'verify_first' needs at least one declared effect to verify"
-            )
+            raise ValueError("retry_policy 'verify_first' needs at least one declared effect to "
+                             "verify")
         shadowed = sorted(set(self.parameters.model_fields) & set(self.options))
         if shadowed:
-            raise ValueError(
-                f"parameter {', '.join(repr(n) for n in shadowed)} has the name of an option; "
-                "rename the parameter or the option (a caller must never choose an option's "
-                "value, such as the file an effect verifies)"
-            )
+            raise ValueError(f"parameter {', '.join(repr(n) for n in shadowed)} has the name of "
+                             "an option; rename the parameter or the option (a caller must never "
+                             "choose an option's value, such as the file an effect verifies)")
         known = set(self.parameters.model_fields) | set(self.options)
         for index, effect in enumerate(self.effects):
             for field, template in effect.template_fields().items():
@@ -461,11 +456,9 @@ class Capability(BaseModel):
                 except TemplateError as exc:
                     raise ValueError(f"effects[{index}].{field}: {exc}") from exc
                 if unknown:
-                    raise ValueError(
-                        f"effects[{index}].{field}: unknown placeholder "
-                        f"{', '.join('{' + u + '}' for u in unknown)}; "
-                        f"known names are {', '.join(sorted(known)) or '(none)'}"
-                    )
+                    raise ValueError(f"effects[{index}].{field}: unknown placeholder "
+                                     f"{', '.join('{' + u + '}' for u in unknown)}; known names "
+                                     f"are {', '.join(sorted(known)) or '(none)'}")
         return self
 
     def model_post_init(self, context: Any, /) -> None:

@@ -73,10 +73,8 @@ def capability(
     """Mark ``func`` as a code-defined capability; ``meta`` takes any :class:`Capability` field."""
 
     def mark(func: F) -> F:
-        spec = CapabilitySpec(
-            name, func, params, MappingProxyType({"summary": summary, **meta}), _where(func)
-        )
-        setattr(func, CAPABILITY_ATTR, spec)
+        setattr(func, CAPABILITY_ATTR, CapabilitySpec(
+            name, func, params, MappingProxyType({"summary": summary, **meta}), _where(func)))
         return func
 
     return mark
@@ -120,13 +118,9 @@ class OpTable:
             if isinstance(spec, OpSpec):
                 existing = self.ops.get(spec.id)
                 if existing is not None and existing.func is not spec.func:
-                    self.errors.append(
-                        DeclarationError(
-                            spec.source,
-                            f"op id {spec.id!r} is already registered by {existing.source}",
-                            field="op",
-                        )
-                    )
+                    self.errors.append(DeclarationError(
+                        spec.source, f"op id {spec.id!r} is already registered by "
+                        f"{existing.source}", field="op"))
                 else:
                     self.ops[spec.id] = spec
             cap = getattr(value, CAPABILITY_ATTR, None)
@@ -142,14 +136,10 @@ class OpTable:
         if existing is None:
             self.hooks[hook.name] = hook
         elif existing is not hook:
-            self.errors.append(
-                DeclarationError(
-                    hook.source,
-                    f"hook name {hook.name!r} is already taken by the {existing.kind}-hook "
-                    f"{existing.source}; pass name= to tell them apart",
-                    field="name",
-                )
-            )
+            self.errors.append(DeclarationError(
+                hook.source, f"hook name {hook.name!r} is already taken by the "
+                f"{existing.kind}-hook {existing.source}; pass name= to tell them apart",
+                field="name"))
 
 
 def _import_fresh(name: str) -> ModuleType:

@@ -65,11 +65,8 @@ async def _probe_command(spec: CommandProbe) -> None:
     if spec.argv is None:
         return
     proc = await asyncio.create_subprocess_exec(
-        *spec.argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+        *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
     try:
         _, stderr = await proc.communicate()
     except BaseException:
@@ -180,10 +177,10 @@ async def _probe_unix(spec: UnixProbe) -> None:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.2)
                 continue
-            except FileNotFoundError as exc:
-                raise ProbeFailed(f"nothing listens on {spec.path} (no such socket)") from exc
-            except ConnectionRefusedError as exc:
-                raise ProbeFailed(f"nothing listens on {spec.path} (connection refused)") from exc
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                why = "no such socket" if isinstance(exc, FileNotFoundError) else (
+                    "connection refused")
+                raise ProbeFailed(f"nothing listens on {spec.path} ({why})") from exc
             return
 
 
@@ -240,12 +237,8 @@ async def _probe_mcp(tool: str, spec: McpProbe, upstreams: UpstreamPool | None) 
 
 
 async def run_probe(
-    tool: str,
-    spec: ToolSpec,
-    *,
-    executor: Executor | None = None,
-    upstreams: UpstreamPool | None = None,
-    clock: Clock = time.time,
+    tool: str, spec: ToolSpec, *, executor: Executor | None = None,
+    upstreams: UpstreamPool | None = None, clock: Clock = time.time,
     monotonic: Clock = time.perf_counter,
 ) -> ProbeResult:
     """Probe ``tool`` once under ``spec.timeout_s`` and return what was found.
@@ -281,13 +274,8 @@ async def run_probe(
         error = f"{type(exc).__name__}: {exc.strerror or exc}"
     except USER_CODE_FAILURES as exc:  # a probe reports any failure of the tool as data
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return ProbeResult(
-        tool=tool,
-        ok=error is None,
-        latency_s=monotonic() - started,
-        error=error,
-        checked_at=clock(),
-    )
+    return ProbeResult(tool=tool, ok=error is None, latency_s=monotonic() - started,
+                       error=error, checked_at=clock())
 
 
 async def probe_all(

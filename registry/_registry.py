@@ -67,14 +67,9 @@ class Registry:
     """
 
     def __init__(
-        self,
-        capabilities: Iterable[Capability],
-        tools: Mapping[str, ToolSpec],
-        probes: Mapping[str, ProbeResult],
-        *,
-        errors: Iterable[DeclarationError] = (),
-        ops: OpTable | None = None,
-        hooks: Mapping[str, HookSpec] | None = None,
+        self, capabilities: Iterable[Capability], tools: Mapping[str, ToolSpec],
+        probes: Mapping[str, ProbeResult], *, errors: Iterable[DeclarationError] = (),
+        ops: OpTable | None = None, hooks: Mapping[str, HookSpec] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Place ``capabilities`` by ``probes``; ``hooks`` default to those ``ops`` collected.
@@ -238,13 +233,9 @@ class Registry:
     def snapshot(self) -> RegistrySnapshot:
         """Return an immutable view of the registry now."""
         return RegistrySnapshot(
-            live=MappingProxyType(dict(self._live)),
-            disabled=MappingProxyType(dict(self._disabled)),
-            tools=MappingProxyType(dict(self._tools)),
-            probes=MappingProxyType(dict(self._probes)),
-            errors=self._errors,
-            built_at=self.built_at,
-        )
+            MappingProxyType(dict(self._live)), MappingProxyType(dict(self._disabled)),
+            MappingProxyType(dict(self._tools)), MappingProxyType(dict(self._probes)),
+            self._errors, self.built_at)
 
     def with_source(self, source: str, capabilities: Iterable[Capability],
                     not_on_host: Mapping[str, str]) -> Registry:
@@ -279,17 +270,13 @@ class Registry:
         names that became disabled because of it.
         """
         self._probes[result.tool] = result
-        restored: list[str] = []
-        disabled: list[str] = []
+        moved: dict[bool, list[str]] = {True: [], False: []}  # now live: restored, else disabled
         for name in sorted(self._by_tool.get(result.tool, ())):
             was_live = name in self._live
             self._place(self._all[name])
-            now_live = name in self._live
-            if now_live and not was_live:
-                restored.append(name)
-            elif was_live and not now_live:
-                disabled.append(name)
-        return restored, disabled
+            if (name in self._live) != was_live:
+                moved[not was_live].append(name)
+        return moved[True], moved[False]
 
     def mark_tool_down(self, tool: str, error: str) -> list[str]:
         """Passive health: record ``tool`` as failed without a probe; return newly disabled."""
@@ -309,11 +296,8 @@ class Registry:
         previous = self._disabled.get(cap.name)
         errors = {t: self._tool_error(t) for t in missing}
         self._disabled[cap.name] = DisabledEntry(
-            capability=cap,
-            missing=missing,
-            errors=MappingProxyType(errors),
-            since=previous.since if previous else self._clock(),
-        )
+            capability=cap, missing=missing, errors=MappingProxyType(errors),
+            since=previous.since if previous else self._clock())
 
     def _tool_ok(self, tool: str) -> bool:
         result = self._probes.get(tool)

@@ -51,10 +51,8 @@ class ErrorRoute(BaseModel):
     @classmethod
     def _an_error_type(cls, value: str) -> str:
         if not _ERROR_TYPE_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not an error type: use '*' for any error, or a name such as "
-                "'timeout', 'capability_disabled' or 'ConnectionError'"
-            )
+            raise ValueError(f"{value!r} is not an error type: use '*' for any error, or a "
+                             "name such as 'timeout', 'capability_disabled' or 'ConnectionError'")
         return value
 
     @field_validator("try_")
@@ -79,14 +77,12 @@ def check_routes(routes: Iterable[ErrorRoute], own_names: Iterable[str]) -> None
     for route in routes:
         itself = [name for name in route.try_ if without_mark(name) in own]
         if itself:
-            raise ValueError(
-                f"the route for error_type {route.error_type!r} names the capability itself "
-                f"({', '.join(repr(n) for n in itself)}); a fallback must be another capability"
-            )
+            raise ValueError(f"the route for error_type {route.error_type!r} names the "
+                             f"capability itself ({', '.join(repr(n) for n in itself)}); a "
+                             "fallback must be another capability")
         if route.error_type in seen:
-            raise ValueError(
-                f"error_type {route.error_type!r} has more than one route; merge their 'try' lists"
-            )
+            raise ValueError(f"error_type {route.error_type!r} has more than one route; merge "
+                             "their 'try' lists")
         seen.add(route.error_type)
 
 

@@ -63,21 +63,21 @@ def undescribed_parameters(schema: dict[str, Any]) -> list[str]:
     defs = {**schema.get("$defs", {}), **schema.get("definitions", {})}
     missing: list[str] = []
 
+    def target(node: dict[str, Any]) -> Any:
+        """The schema in ``defs`` that ``node``'s ``$ref`` names, or None."""
+        ref = node.get("$ref")
+        return defs.get(ref.rsplit("/", 1)[-1]) if isinstance(ref, str) else None
+
     def visit(node: Any, path: str, depth: int) -> None:
         if not isinstance(node, dict) or depth > 16:
             return
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.rsplit("/", 1)[-1] in defs:
-            node = {**defs[ref.rsplit("/", 1)[-1]], **{k: v for k, v in node.items()
-                                                     if k != "$ref"}}
+        if target(node) is not None:
+            node = {**target(node), **{k: v for k, v in node.items() if k != "$ref"}}
         for name, child in (node.get("properties") or {}).items():
             where = f"{path}.{name}" if path else name
-            if isinstance(child, dict):
-                described = child.get("description") or (
-                    isinstance(child.get("$ref"), str) and child["$ref"].rsplit("/", 1)[-1]
-                    in defs and defs[child["$ref"].rsplit("/", 1)[-1]].get("description"))
-                if not described:
-                    missing.append(where)
+            if isinstance(child, dict) and not (
+                    child.get("description") or (target(child) or {}).get("description")):
+                missing.append(where)
             visit(child, where, depth + 1)
         items = node.get("items")
         if isinstance(items, dict):

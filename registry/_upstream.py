@@ -94,22 +94,20 @@ def summarize(text: str, budget_tokens: int = SUMMARY_TOKENS) -> str:
     text = " ".join(text.split())
     if estimate_tokens(text) <= budget_tokens:
         return text
+    return (_fitting(_SENTENCE_END.split(text), budget_tokens)
+            or _fitting(text.split(), budget_tokens, " …") + " …")
+
+
+def _fitting(parts: Sequence[str], budget_tokens: int, tail: str = "") -> str:
+    """The longest run of ``parts`` from the first, joined by spaces, that fits the budget
+    with ``tail`` after it."""
     out = ""
-    for sentence in _SENTENCE_END.split(text):
-        candidate = f"{out} {sentence}".strip()
-        if estimate_tokens(candidate) > budget_tokens:
+    for part in parts:
+        candidate = f"{out} {part}".strip()
+        if estimate_tokens(candidate + tail) > budget_tokens:
             break
         out = candidate
-    if out:
-        return out
-    words = text.split()
-    cut = ""
-    for word in words:
-        candidate = f"{cut} {word}".strip()
-        if estimate_tokens(candidate + " …") > budget_tokens:
-            break
-        cut = candidate
-    return cut + " …"
+    return out
 
 
 def _parameters_for(tool: types.Tool) -> type[BaseModel]:

@@ -58,6 +58,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,9 @@ class UpstreamError(Exception):
 
 RELAY = Path(__file__).with_name("_relay.py")
 """Run as a script in front of every stdio server (see its docstring)."""
+_RESULT_OF = {"sampling/createMessage": "CreateMessageResult",
+              "elicitation/create": "ElicitResult"}
+"""The result type (in ``mcp_types``) of each request a server may make of a caller."""
 DROP_WAIT_S = 15.0
 """How long a teardown waits for the SDK to stop a server (stdin closed, 2 s, SIGTERM to
 its process group, 2 s, SIGKILL) before it cancels the session's task."""
@@ -200,10 +204,6 @@ class Upstream:
                 name, arguments, read_timeout_seconds=self.spec.call_timeout_s,
                 progress_callback=progress,
                 meta={CALL_META: token} if self._calls.relations is not None else None)
-        except (OSError, EOFError) as exc:
-            await self._drop()
-            raise ToolUnavailable(f"MCP server {self.tool_id} went away "
-                                  f"({type(exc).__name__}: {exc})", tool=self.tool_id) from exc
         except Exception as exc:
             if _timed_out(exc):
                 raise await self._after_timeout(name) from exc
@@ -212,7 +212,7 @@ class Upstream:
                 raise ResultTooLarge(f"MCP server {self.tool_id} answered {name} with "
                                      f"{too_large}; raise max_result_bytes for this tool, "
                                      "or ask for less") from exc
-            if not self.connected or _looks_closed(exc):
+            if isinstance(exc, OSError | EOFError) or not self.connected or _looks_closed(exc):
                 await self._drop()
                 raise ToolUnavailable(f"MCP server {self.tool_id} went away "
                                       f"({type(exc).__name__}: {exc})",
@@ -222,14 +222,15 @@ class Upstream:
             self._calls.end(token)
         return result
 
-    async def _ask(self, method: str, params: Any, result_type: Any,
-                   request_id: Any = None) -> Any:
-        """A server-to-client request, relayed to the caller of the call that made it."""
+    async def _ask(self, method: str, context: Any, params: Any) -> Any:
+        """A server-to-client request (the SDK's sampling or elicitation callback, with
+        ``method`` bound), relayed to the caller of the call that made it."""
         import mcp_types as types
 
-        kind = KIND_OF_METHOD[method]
+        result_type = getattr(types, _RESULT_OF[method])
         try:
-            events = self._calls.caller_of_request(kind, request_id)
+            events = self._calls.caller_of_request(KIND_OF_METHOD[method],
+                                                   getattr(context, "request_id", None))
             raw = await events.ask(method, params.model_dump(mode="json", by_alias=True,
                                                              exclude_none=True))
             return result_type.model_validate(raw)
@@ -240,18 +241,6 @@ class Upstream:
         except ValueError as exc:
             return types.ErrorData(code=types.INVALID_PARAMS,
                                    message=f"the client's answer to {method} is not valid: {exc}")
-
-    async def _sampling(self, context: Any, params: Any) -> Any:
-        import mcp_types as types
-
-        return await self._ask("sampling/createMessage", params, types.CreateMessageResult,
-                               getattr(context, "request_id", None))
-
-    async def _elicitation(self, context: Any, params: Any) -> Any:
-        import mcp_types as types
-
-        return await self._ask("elicitation/create", params, types.ElicitResult,
-                               getattr(context, "request_id", None))
 
     async def _logging(self, params: Any) -> None:
         """A log line goes to the caller of the call it belongs to, else to capd's log."""
@@ -375,8 +364,10 @@ class Upstream:
                 read, write = streams[0], streams[1]
                 session = await stack.enter_async_context(
                     ClientSession(read, write, message_handler=self._message,
-                                  sampling_callback=self._sampling,
-                                  elicitation_callback=self._elicitation,
+                                  sampling_callback=partial(self._ask,
+                                                            "sampling/createMessage"),
+                                  elicitation_callback=partial(self._ask,
+                                                               "elicitation/create"),
                                   logging_callback=self._logging))
                 hello = await session.initialize()
                 tools = await _list_all(session)
@@ -392,12 +383,13 @@ class Upstream:
                 self._holding = asyncio.current_task()
                 await stop.wait()
         except BaseException as exc:  # every failure is the handshake's (or the session's)
+            why = f"{type(exc).__name__}: {exc}"
             if not ready.done():
-                ready.set_exception(UpstreamError(f"{type(exc).__name__}: {exc}"))
+                ready.set_exception(UpstreamError(why))
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            log.warning("upstream_lost", tool=self.tool_id, error=f"{type(exc).__name__}: {exc}")
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("upstream_lost", tool=self.tool_id, error=why)
+            self.last_error = why
         finally:
             if self._session is not None:
                 self.since = time.time()  # since when it is not connected

@@ -13,10 +13,10 @@ waits and never prints an error into the command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,6 +65,27 @@ ASK_TIMEOUT_S = 0.5
 """The longest a completion waits for the daemon."""
 
 
+class RowFailed(Exception):
+    """A row answered something other than 2xx."""
+
+
+def getter(socket_path: Path, timeout_s: float) -> Callable[[str], Any]:
+    """GET a row's body from the daemon at ``socket_path``; the getter raises
+    :class:`DaemonUnreachable` when nothing answers, :class:`RowFailed` when the answer
+    is not 2xx (``capd top`` and the names a completion reads)."""
+    from ._client import request
+    from ._render import describe_failure
+
+    def get(path: str) -> Any:
+        reply = request(socket_path, "GET", path, timeout_s=timeout_s)
+        if not 200 <= reply.status < 300:
+            raise RowFailed(f"GET {path} answered {reply.status}: "
+                            f"{describe_failure(path, reply.body)}")
+        return reply.body
+
+    return get
+
+
 def _capabilities(get: Callable[[str], Any]) -> list[str]:
     body = get("/capabilities?" + urlencode({"limit": 1000}))
     return [c["name"] for c in body.get("capabilities", [])]
@@ -98,8 +119,6 @@ def complete_names(kind: str, socket_path: Path, *, folder: Path | None = None,
     """The names of ``kind`` the daemon at ``socket_path`` knows: from the cache while it
     is fresh, else from the daemon (then cached); what was last cached, or nothing, when
     the daemon is down or answers something else. Never raises for the daemon."""
-    from ._client import request
-
     read = NAME_KINDS[kind]
     folder = folder or cache_folder()
     key = hashlib.sha256(str(socket_path).encode()).hexdigest()[:16]
@@ -113,14 +132,8 @@ def complete_names(kind: str, socket_path: Path, *, folder: Path | None = None,
         if cached is not None:
             return cached
 
-    def get(path: str) -> Any:
-        answer = request(socket_path, "GET", path, timeout_s=ASK_TIMEOUT_S)
-        if answer.status != 200 or not isinstance(answer.body, dict):
-            raise LookupError(path)
-        return answer.body
-
     try:
-        names = [str(n) for n in read(get)]
+        names = [str(n) for n in read(getter(socket_path, ASK_TIMEOUT_S))]
     except Exception:  # down, refused, slow, another shape: what was known, or nothing
         return _read_cache(cache) or []
     _write_cache(cache, names)
@@ -136,11 +149,8 @@ def _read_cache(cache: Path) -> list[str] | None:
 
 
 def _write_cache(cache: Path, names: list[str]) -> None:
-    try:
-        cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, scratch = tempfile.mkstemp(dir=cache.parent, prefix=f".{cache.name}.")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(names, handle)
-        os.replace(scratch, cache)
-    except OSError:
-        pass  # a cache that cannot be written only means asking the daemon next time
+    from ._units import write_atomically
+
+    # a cache that cannot be written only means asking the daemon next time
+    with contextlib.suppress(OSError):
+        write_atomically(cache, json.dumps(names), folder_mode=0o700)

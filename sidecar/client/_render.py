@@ -79,11 +79,12 @@ def render_fields(body: Any) -> str:
 def _fields(value: Any, depth: int, lines: list[str], key: str = "") -> None:
     pad = "  " * depth
     label = f"{pad}{_cell(key)}:" if key else ""
+    inline = f"{label} " if key else pad  # before a value on the key's own line
     if _scalar(value):
-        lines.append(f"{label} {_text(key, value)}" if key else f"{pad}{_text(key, value)}")
+        lines.append(inline + _text(key, value))
     elif isinstance(value, dict):
         if not value:
-            lines.append(f"{label} (none)" if key else f"{pad}(none)")
+            lines.append(f"{inline}(none)")
             return
         if key:
             lines.append(label)
@@ -94,8 +95,7 @@ def _fields(value: Any, depth: int, lines: list[str], key: str = "") -> None:
             _fields(item, depth + 1 if key else depth, lines, str(name))
     elif isinstance(value, list):
         if all(_scalar(v) for v in value):
-            joined = ", ".join(_text(key, v) for v in value) or "(none)"
-            lines.append(f"{label} {joined}" if key else f"{pad}{joined}")
+            lines.append(inline + (", ".join(_text(key, v) for v in value) or "(none)"))
         elif all(isinstance(v, dict) and all(_scalar(x) for x in v.values()) for v in value):
             header = list(dict.fromkeys(k for v in value for k in v))
             if key:
@@ -342,24 +342,12 @@ def render_tokens(body: Any) -> str:
 
 
 RENDERERS: dict[str, Callable[[Any], str]] = {
-    "fields": render_fields,
-    "token": render_token,
-    "tokens": render_tokens,
-    "offers": render_offers,
-    "contents": render_contents,
-    "prompt": render_prompt,
-    "json": render_json,
-    "export": render_export,
-    "agent": render_agent,
-    "agents": render_agents,
-    "call": render_call,
-    "health": render_health,
-    "jobs": render_jobs,
-    "list": render_list,
-    "search": render_search,
-    "topologies": render_topologies,
-    "validation": render_validation,
-}
+    "fields": render_fields, "token": render_token, "tokens": render_tokens,
+    "offers": render_offers, "contents": render_contents, "prompt": render_prompt,
+    "json": render_json, "export": render_export, "agent": render_agent,
+    "agents": render_agents, "call": render_call, "health": render_health,
+    "jobs": render_jobs, "list": render_list, "search": render_search,
+    "topologies": render_topologies, "validation": render_validation}
 """How the CLI prints an answer, by the name an operator-table row gives (``json``: a
 body read as it is, printed as fields on a terminal)."""
 

@@ -39,8 +39,8 @@ from urllib.parse import quote, urlencode
 from prometheus_client.parser import text_string_to_metric_families
 
 from .._errors import DaemonUnreachable
-from ._client import request
-from ._render import describe_failure
+from ._completion import RowFailed as _RowFailed
+from ._completion import getter
 from ._terminal import one_line as _text  # a value the daemon sent, for one line
 
 EXIT_OK = 0
@@ -61,10 +61,6 @@ T = TypeVar("T")
 
 RECENT_SHOWN = 5
 """How many of the daemon's recent policy decisions the view lists."""
-
-
-class _RowFailed(Exception):
-    """A row answered something other than what the view reads (not 2xx, or not JSON)."""
 
 
 # ----------------------------------------------------------------------------- values
@@ -315,13 +311,11 @@ def format_age(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    for size, unit, part, part_unit in ((86400, "d", 3600, "h"), (3600, "h", 60, "m"),
+                                        (60, "m", 1, "s")):
+        if s >= size:
+            return f"{s // size}{unit}{s % size // part:02d}{part_unit}"
+    return f"{s}s"
 
 
 def format_clock(epoch: float) -> str:
@@ -390,6 +384,9 @@ def _upstream_line(u: Mapping[str, Any], now: float) -> Line:
     return (f"    mcp {_text(u.get('kind'))}: NOT CONNECTED{when}{error}", "warn")
 
 
+_CALL_HEADER = ("CAPABILITY", "CALLS/S", "CALLS", "ERRORS", "P50", "P99")
+
+
 def _window_label(samples: Sequence[Sample]) -> str:
     span = samples[-1].taken_at - samples[0].taken_at if len(samples) > 1 else 0.0
     return f"the last {span:.0f} s" if span > 0 else "the daemon's life (one sample yet)"
@@ -406,10 +403,8 @@ def _call_lines(samples: Sequence[Sample]) -> list[Line]:
     rows = [(_text(r.capability), "-" if r.per_s is None else f"{r.per_s:.1f}",
              f"{r.calls:g}", f"{r.errors:g}", format_seconds(r.p50_s), format_seconds(r.p99_s))
             for r in call_figures(samples)]
-    if rows:
-        rows.insert(0, ("CAPABILITY", "CALLS/S", "CALLS", "ERRORS", "P50", "P99"))
-    return lines + [(f"  {name:<{NAME_WIDTH}} {per_s:>8} {calls:>7} {errors:>7} {p50:>10} "
-                     f"{p99:>10}", "plain") for name, per_s, calls, errors, p50, p99 in rows]
+    return lines + [(f"  {n:<{NAME_WIDTH}} {s:>8} {c:>7} {e:>7} {p50:>10} {p99:>10}", "plain")
+                    for n, s, c, e, p50, p99 in ([_CALL_HEADER, *rows] if rows else [])]
 
 
 def _queue_lines(s: Sample, now: float) -> list[Line]:
@@ -440,9 +435,9 @@ def _refusal_lines(samples: Sequence[Sample]) -> list[Line]:
     ever = sum(n for (_, d), n in latest.decisions.items() if d == REFUSAL) if latest else 0
     head = (f"Refusals over {_window_label(samples)}  {sum(steps.values()):g}"
             f"  (since the daemon started: {ever:g})")
-    lines: list[Line] = [(head, "warn" if steps or blocked else "head")]
-    lines.append((f"  policy refusals by step: {_counts(steps.items())}", "plain"))
-    lines.append((f"  calls answered error_blocked: {_counts(blocked.items())}", "plain"))
+    lines: list[Line] = [(head, "warn" if steps or blocked else "head"),
+                         (f"  policy refusals by step: {_counts(steps.items())}", "plain"),
+                         (f"  calls answered error_blocked: {_counts(blocked.items())}", "plain")]
     for refusal in samples[-1].refusals:
         when = format_clock(refusal.at) if refusal.at else "?"
         lines.append((f"  {when}  {_text(refusal.kind)} {_text(refusal.decision)}  "
@@ -470,20 +465,6 @@ def render(view: View) -> list[Line]:
 
 
 # ------------------------------------------------------------------------------- read
-
-
-def _getter(socket_path: Path, timeout_s: float) -> Getter:
-    """GET a row's body; raise :class:`DaemonUnreachable` when nothing answers,
-    :class:`_RowFailed` when the answer is not 2xx."""
-
-    def get(path: str) -> Any:
-        reply = request(socket_path, "GET", path, timeout_s=timeout_s)
-        if not 200 <= reply.status < 300:
-            raise _RowFailed(f"GET {path} answered {reply.status}: "
-                             f"{describe_failure(path, reply.body)}")
-        return reply.body
-
-    return get
 
 
 def _object(body: Any, path: str) -> dict[str, Any]:
@@ -602,12 +583,11 @@ class Watch:
         """Read the daemon once; never raises for a daemon that is down or refuses."""
         try:
             sample = read_sample(self._get, taken_at)
-        except DaemonUnreachable as exc:
-            self._gone(now, f"daemon not reachable at {_text(self.socket_path)}", str(exc))
-            return
-        except (_RowFailed, ValueError) as exc:
-            self._gone(now, f"daemon at {_text(self.socket_path)} answers, but not its status",
-                       str(exc))
+        except (DaemonUnreachable, _RowFailed, ValueError) as exc:
+            where = _text(self.socket_path)
+            self._gone(now, f"daemon not reachable at {where}" if isinstance(
+                exc, DaemonUnreachable) else f"daemon at {where} answers, but not its status",
+                str(exc))
             return
         self.away = None
         if self.samples and self.samples[-1].pid != sample.pid:
@@ -673,7 +653,7 @@ def _loop(screen: curses.window, watch: Watch, interval_s: float,
 def run_top(socket_path: Path, interval: float) -> int:
     """Show the daemon at ``socket_path``, read every ``interval`` seconds, until ``q``
     (0) or Ctrl-C (130). The terminal is restored in either case."""
-    watch = Watch(socket_path, _getter(socket_path, REQUEST_TIMEOUT_S))
+    watch = Watch(socket_path, getter(socket_path, REQUEST_TIMEOUT_S))
     # ncurses takes LINES and COLUMNS, when set, over the terminal's size, even after a
     # resize (GNU readline exports them in a process that loaded it): the view must follow
     # the terminal it is in.

@@ -194,21 +194,28 @@ def render_units(units: UnitSet) -> str:
 def write_units(units: UnitSet) -> list[Path]:
     """Write each file (mode 0644, parents made), replacing it whole; return the targets.
 
-    A file is written under a temporary name and renamed into place, so a unit
-    is never seen half written. Raises :class:`OSError` (permission, read-only
-    file system) at the first file that cannot be written.
+    Raises :class:`OSError` (permission, read-only file system) at the first file that
+    cannot be written.
     """
-    written = []
     for unit in units.files:
-        unit.target.parent.mkdir(parents=True, exist_ok=True)
-        fd, scratch = tempfile.mkstemp(dir=unit.target.parent, prefix=f".{unit.target.name}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(unit.text)
-            os.chmod(scratch, 0o644)
-            os.replace(scratch, unit.target)
-        except BaseException:
-            Path(scratch).unlink(missing_ok=True)
-            raise
-        written.append(unit.target)
-    return written
+        write_atomically(unit.target, unit.text, mode=0o644)
+    return [unit.target for unit in units.files]
+
+
+def write_atomically(target: Path, text: str, *, mode: int | None = None,
+                     folder_mode: int = 0o777) -> None:
+    """Write ``text`` to ``target`` under a temporary name (its folder made with
+    ``folder_mode`` if missing), then rename it into place, so that it is never seen half
+    written; ``mode`` when given, else 0600. Raises :class:`OSError`, leaving no scratch file.
+    """
+    target.parent.mkdir(mode=folder_mode, parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        if mode is not None:
+            os.chmod(scratch, mode)
+        os.replace(scratch, target)
+    except BaseException:
+        Path(scratch).unlink(missing_ok=True)
+        raise
