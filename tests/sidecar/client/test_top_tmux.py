@@ -17,22 +17,20 @@ from typing import Any
 import pytest
 
 from capd.sidecar._errors import DaemonUnreachable
-from capd.sidecar.client._top import (
+from capd.sidecar.client._top import Watch, _RowFailed, render
+from capd.sidecar.client._top_figures import (
     Disabled,
     Job,
     QueueFigures,
     Sample,
     Tool,
     View,
-    Watch,
-    _RowFailed,
     call_figures,
     delta,
     overall_rate,
     parse_metrics,
     quantile,
     refusal_figures,
-    render,
 )
 from tests.helpers.daemon import FlipServer, Start
 from tests.helpers.servers import ROOT
