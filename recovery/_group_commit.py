@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import operator
 import sqlite3
 import threading
 import time
@@ -227,27 +229,17 @@ class GroupCommit:
         db.execute("BEGIN IMMEDIATE")
         results: list[Any] = []
         try:
-            i, end = 0, len(batch)
-            while i < end:
-                sql, payload, result, _ = batch[i]
-                if sql is None:
-                    try:
-                        results.append(payload(db))
-                    except QueueError as exc:
-                        results.append(exc)
-                    i += 1
-                    continue
-                j = i + 1
-                while j < end and batch[j][0] == sql:
-                    j += 1
-                if j == i + 1:
-                    db.execute(sql, payload)
-                    results.append(result)
-                else:
-                    run = batch[i:j]
+            for sql, group in itertools.groupby(batch, key=operator.itemgetter(0)):
+                run = list(group)
+                if sql is not None:
                     db.executemany(sql, [op[1] for op in run])
                     results.extend([op[2] for op in run])
-                i = j
+                    continue
+                for _, work, _, _ in run:
+                    try:
+                        results.append(work(db))
+                    except QueueError as exc:
+                        results.append(exc)
             db.execute("COMMIT")
         except BaseException:
             # After SQLITE_FULL or SQLITE_IOERR SQLite may have rolled back already; a

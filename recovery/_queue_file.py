@@ -110,10 +110,7 @@ async def open_queue_file(path: Path, *, synchronous: Literal["FULL", "NORMAL"] 
     # Before any connection: SQLite would take a damaged WAL for an empty one, and drop the
     # acknowledged jobs it holds at the first write.
     await asyncio.to_thread(check_wal, path)
-    try:
-        db = await aiosqlite.connect(_uri(path, "rw"), uri=True, isolation_level=None)
-    except (sqlite3.Error, OSError) as exc:
-        raise storage_error(path, "cannot open", exc) from exc
+    db = await _connect(path, path, "rw", "cannot open")
     db.row_factory = sqlite3.Row
     try:
         await _inspect(db, path)  # reads only: a foreign file is refused untouched
@@ -184,13 +181,17 @@ def _wal_problem(header: bytes, db_header: bytes) -> str | None:
         if page_size != db_page:
             return f"page size {page_size}, the database's is {db_page}"
     words = struct.unpack(">6I" if magic & 1 else "<6I", header[:24])
-    s0 = s1 = 0
-    for i in range(0, 6, 2):
-        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
-        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
-    if (s0, s1) != (sum1, sum2):
+    if _wal_checksum(words, 0, 0) != (sum1, sum2):
         return "its header checksum does not match"
     return None
+
+
+def _wal_checksum(words: tuple[int, ...], s0: int, s1: int) -> tuple[int, int]:
+    """SQLite's WAL checksum of ``words`` (an even count), continuing from ``(s0, s1)``."""
+    for i in range(0, len(words), 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    return s0, s1
 
 
 WAL_FRAMES_CHECKED_UP_TO = 256 << 20
@@ -218,10 +219,8 @@ def _broken_frame(wal: Path, header: bytes) -> str | None:
         _page, _commit, f1, f2, c1, c2 = struct.unpack_from(">6I", data, offset)
         if (f1, f2) != (salt1, salt2):
             return None  # the end of this log: what follows is an older one's
-        values = words.unpack(data[offset:offset + 8] + data[offset + 24:offset + frame])
-        for i in range(0, len(values), 2):
-            s0 = (s0 + values[i] + s1) & 0xFFFFFFFF
-            s1 = (s1 + values[i + 1] + s0) & 0xFFFFFFFF
+        s0, s1 = _wal_checksum(
+            words.unpack(data[offset:offset + 8] + data[offset + 24:offset + frame]), s0, s1)
         if (s0, s1) != (c1, c2):
             later = offset + frame
             while later + frame <= len(data):
@@ -253,10 +252,7 @@ def default_reserve(total_bytes: int) -> int:
 def is_disk_full(exc: BaseException) -> bool:
     """True when ``exc`` (from SQLite or the OS) says the filesystem is full."""
     if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorcode", None)
-        if isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_FULL:
-            return True
-        return "database or disk is full" in str(exc)
+        return _primary_code(exc) == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -273,16 +269,30 @@ def storage_error(path: Path, failed: str, exc: BaseException) -> QueueStorageEr
 
 def _open_error(path: Path, exc: sqlite3.Error) -> QueueStorageError:
     """Tell a file that is not a database (or a damaged one) from one that cannot be used now."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+    if _primary_code(exc) in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
         return QueueCorrupt(f"{path} is not a readable capd queue ({exc}); move it aside and "
                             "inspect it — capd never replaces it")
     return storage_error(path, "cannot open", exc)
 
 
-def _uri(path: Path, mode: Literal["rw", "rwc"]) -> str:
-    # mode=rw never creates a file: only _create_queue_file may bring one into being.
-    return f"{path.absolute().as_uri()}?mode={mode}"
+def _uri(file: Path, mode: str) -> str:
+    return f"{file.absolute().as_uri()}?mode={mode}"
+
+
+def _primary_code(exc: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of ``exc`` (``SQLITE_FULL``...), when it carries one."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+async def _connect(path: Path, file: Path, mode: Literal["rw", "rwc"],
+                   failed: str) -> aiosqlite.Connection:
+    """An autocommit connection to ``file`` (``path`` or its temporary twin); errors name
+    ``path``. mode=rw never creates a file: only :func:`_create_queue_file` may."""
+    try:
+        return await aiosqlite.connect(_uri(file, mode), uri=True, isolation_level=None)
+    except (sqlite3.Error, OSError) as exc:
+        raise storage_error(path, failed, exc) from exc
 
 
 def _queue_file_exists(path: Path) -> bool:
@@ -328,25 +338,25 @@ def _install(tmp: Path, path: Path) -> bool:
         # The jobs hold callers' parameters: the file (and the WAL and shared-memory files
         # SQLite makes with its mode) is the daemon user's alone.
         os.chmod(tmp, 0o600)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp, os.O_RDONLY)
         try:
             os.link(tmp, path)  # unlike rename, link never replaces what is at path
         except FileExistsError:
             return False
         finally:
             _discard_temporary(tmp)
-        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise storage_error(path, "could not put in place", exc) from exc
     return True
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 async def _create_queue_file(path: Path, busy_timeout_ms: int) -> None:
@@ -360,10 +370,7 @@ async def _create_queue_file(path: Path, busy_timeout_ms: int) -> None:
     """
     tmp = path.with_name(f"{path.name}.init-{os.getpid()}-{os.urandom(4).hex()}")
     try:
-        try:
-            db = await aiosqlite.connect(_uri(tmp, "rwc"), uri=True, isolation_level=None)
-        except (sqlite3.Error, OSError) as exc:
-            raise storage_error(path, "cannot create", exc) from exc
+        db = await _connect(path, tmp, "rwc", "cannot create")
         try:
             # Messages name the path the operator knows, not the temporary one.
             await _configure(db, path, "FULL", busy_timeout_ms)
@@ -407,14 +414,12 @@ async def _inspect(db: aiosqlite.Connection, path: Path) -> None:
     if check is None or check[0] != "ok":
         raise QueueCorrupt(
             f"the queue {path} failed its integrity check ({check[0] if check else '?'});"
-            " move it aside and inspect it with sqlite3 — capd never replaces it"
-        )
+            " move it aside and inspect it with sqlite3 — capd never replaces it")
     version = int(row[0]) if row else 0
     if version > SCHEMA_VERSION:
         raise QueueStorageError(
             f"the queue {path} has schema version {version}, newer than this capd "
-            f"understands ({SCHEMA_VERSION}); upgrade capd"
-        )
+            f"understands ({SCHEMA_VERSION}); upgrade capd")
     if version == 0:
         raise QueueCorrupt(
             f"{path} is a SQLite database but not a capd queue (it has no capd schema); "
@@ -475,13 +480,11 @@ async def _configure(db: aiosqlite.Connection, path: Path, synchronous: str,
     if str(actual["journal_mode"]).lower() != "wal":
         raise QueueStorageError(
             f"the queue {path} could not switch to WAL (journal_mode is "
-            f"{actual['journal_mode']}); put the state directory on a local filesystem"
-        )
+            f"{actual['journal_mode']}); put the state directory on a local filesystem")
     for name in ("synchronous", "busy_timeout", "foreign_keys"):
         if actual[name] != wanted[name]:
             raise QueueStorageError(
-                f"the queue {path}: PRAGMA {name} is {actual[name]}, expected {wanted[name]}"
-            )
+                f"the queue {path}: PRAGMA {name} is {actual[name]}, expected {wanted[name]}")
 
 
 def default_state_dir() -> Path:

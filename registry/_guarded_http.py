@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import email.message
 import json as jsonlib
 import socket
 import ssl
@@ -86,7 +87,9 @@ class GuardedResponse:
     def text(self, encoding: str | None = None) -> str:
         """The body decoded by ``encoding``, else the ``Content-Type`` charset, else UTF-8
         (undecodable bytes replaced)."""
-        charset = encoding or _charset(self.headers.get("Content-Type", "")) or "utf-8"
+        content_type = email.message.Message()
+        content_type["Content-Type"] = self.headers.get("Content-Type", "")
+        charset = encoding or content_type.get_content_charset() or "utf-8"
         try:
             return self.body.decode(charset, errors="replace")
         except LookupError:  # a charset Python does not know
@@ -112,14 +115,6 @@ class GuardedResponse:
         raise PermanentToolError(message)
 
 
-def _charset(content_type: str) -> str | None:
-    for part in content_type.split(";")[1:]:
-        name, _, value = part.strip().partition("=")
-        if name.lower() == "charset" and value:
-            return value.strip('"')
-    return None
-
-
 class _PinnedResolver(AbstractResolver):
     """aiohttp's resolver, answering only the addresses the guard checked for a host.
 
@@ -128,34 +123,31 @@ class _PinnedResolver(AbstractResolver):
     """
 
     def __init__(self) -> None:
-        self._pins: dict[str, tuple[tuple[Address, ...], int]] = {}
+        self._pins: dict[str, list[tuple[Address, ...]]] = {}
 
     @contextlib.contextmanager
     def pinned(self, host: str, addresses: tuple[Address, ...]) -> Iterator[None]:
         """Pin ``host`` to ``addresses`` for the duration (the latest pin wins; all checked)."""
-        _, users = self._pins.get(host, ((), 0))
-        self._pins[host] = (addresses, users + 1)
+        pins = self._pins.setdefault(host, [])
+        pins.append(addresses)
         try:
             yield
         finally:
-            current, users = self._pins[host]
-            if users <= 1:
+            pins.remove(addresses)
+            if not pins:
                 del self._pins[host]
-            else:
-                self._pins[host] = (current, users - 1)
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_UNSPEC) -> list[ResolveResult]:
-        addresses, _ = self._pins.get(host.rstrip(".").lower(), ((), 0))
-        if not addresses:
+        pins = self._pins.get(host.rstrip(".").lower())
+        if not pins:
             raise OSError(f"{host} was not checked by the guard; the guarded client does not "
                           "resolve it")
-        found: list[ResolveResult] = []
-        for address in addresses:
-            kind = socket.AF_INET if address.version == 4 else socket.AF_INET6
-            if family in (socket.AF_UNSPEC, kind):
-                found.append({"hostname": host, "host": str(address), "port": port,
-                              "family": kind, "proto": 0, "flags": socket.AI_NUMERICHOST})
+        kinds = {4: socket.AF_INET, 6: socket.AF_INET6}
+        found: list[ResolveResult] = [
+            {"hostname": host, "host": str(address), "port": port,
+             "family": kinds[address.version], "proto": 0, "flags": socket.AI_NUMERICHOST}
+            for address in pins[-1] if family in (socket.AF_UNSPEC, kinds[address.version])]
         if not found:
             raise OSError(f"{host} has no checked address of the family asked for")
         return found
@@ -311,23 +303,19 @@ class GuardedHttp:
 
     async def _check(self, target: UrlHost, where: str) -> tuple[Address, ...]:
         """Resolve ``target``'s host once and judge it; the addresses to connect to."""
-        if target.address is not None:
-            addresses: tuple[Address, ...] = (target.address,)
-        else:
-            try:
-                addresses = await self._guard.resolve(target.host)
-            except OSError as exc:
-                why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc)
-                raise HttpUnreachable(f"{where}: the host {target.host!r} does not resolve "
-                                      f"({why})") from exc
-        if not self._guard.host_allowed(target.host):
-            try:
-                self._guard.judge(target, addresses)
-            except SsrfRefused as refusal:
-                raise refusal.restate(
-                    f"{where}: {refusal.reason}; the guarded HTTP client refuses addresses "
-                    "inside. If this host is meant to be reachable, add it to the client's "
-                    "allowlist: GuardedHttp(allow=[...]).") from refusal
+        try:
+            addresses = await self._guard.addresses(target)
+        except OSError as exc:
+            why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc)
+            raise HttpUnreachable(f"{where}: the host {target.host!r} does not resolve "
+                                  f"({why})") from exc
+        try:
+            self._guard.judge(target, addresses)
+        except SsrfRefused as refusal:
+            raise refusal.restate(
+                f"{where}: {refusal.reason}; the guarded HTTP client refuses addresses "
+                "inside. If this host is meant to be reachable, add it to the client's "
+                "allowlist: GuardedHttp(allow=[...]).") from refusal
         return addresses
 
     async def _send(self, hop: _Hop, target: UrlHost, request_url: URL, where: str
