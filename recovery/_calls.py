@@ -98,14 +98,9 @@ def _names_match(cls: type, names: Iterable[str]) -> bool:
     library's public alias works too.
     """
     wanted = set(names)
-    if not wanted:
-        return False
-    for klass in cls.__mro__:
-        module = klass.__module__
-        if (f"{module}.{klass.__qualname__}" in wanted
-                or f"{module.partition('.')[0]}.{klass.__qualname__}" in wanted):
-            return True
-    return False
+    return bool(wanted) and any(
+        f"{k.__module__}.{k.__qualname__}" in wanted
+        or f"{k.__module__.partition('.')[0]}.{k.__qualname__}" in wanted for k in cls.__mro__)
 
 
 def is_network_error(exc: BaseException) -> bool:

@@ -153,9 +153,7 @@ def check_wal(path: Path) -> None:
             db_header = handle.read(100)
     except OSError as exc:
         raise storage_error(path, "cannot read", exc) from exc
-    problem = _wal_problem(header, db_header)
-    if problem is None:
-        problem = _broken_frame(wal, header)
+    problem = _wal_problem(wal, header, db_header)
     if problem is not None:
         raise QueueCorrupt(
             f"the queue's write-ahead log {wal} is damaged ({problem}): it may hold "
@@ -164,13 +162,20 @@ def check_wal(path: Path) -> None:
             "replaces them")
 
 
-def _wal_problem(header: bytes, db_header: bytes) -> str | None:
-    """What is wrong with a WAL ``header`` (its first 32 bytes) for the database whose
-    first bytes are ``db_header``; None when it is sound."""
+WAL_FRAMES_CHECKED_UP_TO = 256 << 20
+"""A longer WAL has its header checked only (its frames would take seconds to sum)."""
+
+
+def _wal_problem(wal: Path, header: bytes, db_header: bytes) -> str | None:
+    """What is wrong with the WAL ``wal`` whose first 32 bytes are ``header``, for the
+    database whose first bytes are ``db_header``; None when it is sound.
+
+    Its frames are summed too: a break with more of the same log after it is damage; a
+    torn last frame (never committed, so never acknowledged) is not.
+    """
     if len(header) < 32:
         return f"{len(header)} bytes, shorter than a WAL header"
-    magic, version, page_size, _seq, _salt1, _salt2, sum1, sum2 = struct.unpack(
-        ">8I", header)
+    magic, version, page_size, _seq, salt1, salt2, sum1, sum2 = struct.unpack(">8I", header)
     if magic not in _WAL_MAGIC:
         return f"magic {magic:#010x} is not a WAL's"
     if version != _WAL_VERSION:
@@ -180,9 +185,31 @@ def _wal_problem(header: bytes, db_header: bytes) -> str | None:
         db_page = 65536 if raw == 1 else raw
         if page_size != db_page:
             return f"page size {page_size}, the database's is {db_page}"
-    words = struct.unpack(">6I" if magic & 1 else "<6I", header[:24])
-    if _wal_checksum(words, 0, 0) != (sum1, sum2):
+    order = ">" if magic & 1 else "<"
+    if _wal_checksum(struct.unpack(f"{order}6I", header[:24]), 0, 0) != (sum1, sum2):
         return "its header checksum does not match"
+    try:
+        if wal.stat().st_size > WAL_FRAMES_CHECKED_UP_TO:
+            log.warning("queue_wal_not_summed", path=str(wal), bytes=wal.stat().st_size)
+            return None
+        data = wal.read_bytes()
+    except OSError as exc:
+        raise storage_error(wal, "cannot read", exc) from exc
+    frame = 24 + page_size
+    words = struct.Struct(f"{order}{(8 + page_size) // 4}I")
+    s0, s1 = sum1, sum2
+    for index, offset in enumerate(range(32, len(data) - frame + 1, frame)):
+        _page, _commit, f1, f2, c1, c2 = struct.unpack_from(">6I", data, offset)
+        if (f1, f2) != (salt1, salt2):
+            return None  # the end of this log: what follows is an older one's
+        s0, s1 = _wal_checksum(
+            words.unpack(data[offset:offset + 8] + data[offset + 24:offset + frame]), s0, s1)
+        if (s0, s1) != (c1, c2):
+            if any(struct.unpack_from(">2I", data, later + 8) == (salt1, salt2)
+                   for later in range(offset + frame, len(data) - frame + 1, frame)):
+                return (f"frame {index + 1} does not match its checksum and more of the "
+                        "log follows it")
+            return None  # a torn last frame
     return None
 
 
@@ -192,45 +219,6 @@ def _wal_checksum(words: tuple[int, ...], s0: int, s1: int) -> tuple[int, int]:
         s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
         s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
     return s0, s1
-
-
-WAL_FRAMES_CHECKED_UP_TO = 256 << 20
-"""A longer WAL has its header checked only (its frames would take seconds to sum)."""
-
-
-def _broken_frame(wal: Path, header: bytes) -> str | None:
-    """Where the frames of a WAL whose ``header`` is sound break with more of the same log
-    after the break; None when every frame of it checks out, or only the last one is torn.
-    """
-    magic, _version, page_size, _seq, salt1, salt2, sum1, sum2 = struct.unpack(">8I", header)
-    order = ">" if magic & 1 else "<"
-    frame = 24 + page_size
-    try:
-        if wal.stat().st_size > WAL_FRAMES_CHECKED_UP_TO:
-            log.warning("queue_wal_not_summed", path=str(wal), bytes=wal.stat().st_size)
-            return None
-        data = wal.read_bytes()
-    except OSError as exc:
-        raise storage_error(wal, "cannot read", exc) from exc
-    words = struct.Struct(f"{order}{(8 + page_size) // 4}I")
-    s0, s1 = sum1, sum2
-    offset, index = 32, 0
-    while offset + frame <= len(data):
-        _page, _commit, f1, f2, c1, c2 = struct.unpack_from(">6I", data, offset)
-        if (f1, f2) != (salt1, salt2):
-            return None  # the end of this log: what follows is an older one's
-        s0, s1 = _wal_checksum(
-            words.unpack(data[offset:offset + 8] + data[offset + 24:offset + frame]), s0, s1)
-        if (s0, s1) != (c1, c2):
-            later = offset + frame
-            while later + frame <= len(data):
-                if struct.unpack_from(">2I", data, later + 8) == (salt1, salt2):
-                    return (f"frame {index + 1} does not match its checksum and more of the "
-                            "log follows it")
-                later += frame
-            return None  # a torn last frame: never committed, so never acknowledged
-        offset, index = offset + frame, index + 1
-    return None
 
 
 def free_space(path: Path) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import structlog
@@ -48,7 +48,7 @@ class CapabilityRecheck:
     live: bool
     missing: tuple[str, ...]
     tools: tuple[ToolRecheck, ...] = ()
-    restored: tuple[str, ...] = field(default=())
+    restored: tuple[str, ...] = ()
 
 
 @dataclass
@@ -146,32 +146,15 @@ class Rechecker:
         if entry is None:
             return CapabilityRecheck(name, live=True, missing=())
         outcomes = await asyncio.gather(
-            *(self.recheck_tool(tool, force=force) for tool in entry.missing)
-        )
+            *(self.recheck_tool(tool, force=force) for tool in entry.missing))
         current = self._registry()
         try:
             after = current.disabled_entry(name)
         except UnknownCapability:
             return CapabilityRecheck(name, live=False, missing=entry.missing, tools=tuple(outcomes))
         restored = tuple(sorted({n for o in outcomes for n in o.restored}))
-        return CapabilityRecheck(
-            name,
-            live=after is None,
-            missing=after.missing if after else (),
-            tools=tuple(outcomes),
-            restored=restored,
-        )
-
-    async def recheck_all_disabled(self) -> list[ToolRecheck]:
-        """Re-probe every tool some disabled capability misses (cooldown applies)."""
-        return await self._recheck_each(self._registry().disabled_tools())
-
-    async def recheck_all_tools(self) -> list[ToolRecheck]:
-        """Re-probe every declared tool, live ones included (cooldown applies)."""
-        return await self._recheck_each(self._registry().tool_ids())
-
-    async def _recheck_each(self, tools: frozenset[str]) -> list[ToolRecheck]:
-        return list(await asyncio.gather(*(self.recheck_tool(t) for t in sorted(tools))))
+        return CapabilityRecheck(name, live=after is None, missing=after.missing if after else (),
+                                 tools=tuple(outcomes), restored=restored)
 
     async def run(
         self, interval_s: float, stop: asyncio.Event, *, live_every_s: float | None = None
@@ -189,10 +172,12 @@ class Rechecker:
                 return
             except TimeoutError:
                 pass
+            registry = self._registry()
             if live_every_s is not None and self._clock() - last_full >= live_every_s:
                 last_full = self._clock()
-                outcomes = await self.recheck_all_tools()
+                tools = registry.tool_ids()  # live ones too
             else:
-                outcomes = await self.recheck_all_disabled()
+                tools = registry.disabled_tools()
+            outcomes = await asyncio.gather(*(self.recheck_tool(t) for t in sorted(tools)))
             if outcomes:
                 log.debug("background_recheck", tools=[o.tool for o in outcomes if o.probed])

@@ -40,7 +40,6 @@ import socket
 import ssl
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Final
 
 import aiohttp
@@ -222,8 +221,7 @@ class GuardedHttp:
     async def __aenter__(self) -> GuardedHttp:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -355,15 +353,13 @@ class GuardedHttp:
         if declared is not None and declared > self._max_body_bytes:
             raise HttpLimitExceeded(f"{where}: the answer declares {declared} bytes, more than "
                                     f"max_body_bytes ({self._max_body_bytes})")
-        chunks: list[bytes] = []
-        size = 0
+        body = bytearray()
         async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
-            size += len(chunk)
-            if size > self._max_body_bytes:
+            body += chunk
+            if len(body) > self._max_body_bytes:
                 raise HttpLimitExceeded(f"{where}: the answer is longer than max_body_bytes "
                                         f"({self._max_body_bytes})")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return bytes(body)
 
 
 def _read(url: str, where: str) -> UrlHost:

@@ -73,9 +73,6 @@ class SsrfRefused(NetGuardError, Blocked):
 class HttpLimitExceeded(NetGuardError, PermanentToolError):
     """The guarded client gave up on a bound: too many redirects, a body too large."""
 
-    def __init__(self, message: str) -> None:
-        PermanentToolError.__init__(self, message)
-
 
 class HttpUnreachable(NetGuardError, ConnectionError):
     """The guarded client could not connect, or the connection broke (a network failure)."""
