@@ -141,8 +141,7 @@ async def _http(effect: HttpEffect, values: Mapping[str, Any],
     import aiohttp  # only when an http effect is checked (the import costs ~0.1 s)
 
     async with aiohttp.ClientSession() as session, session.request(
-        effect.method, url, allow_redirects=False
-    ) as response:
+            effect.method, url, allow_redirects=False) as response:
         answered = f"{effect.method} {url} answered {response.status}"
         if response.status in (404, 410):
             return "absent", answered
@@ -198,10 +197,8 @@ async def _op(effect: OpEffect, params: BaseModel, cap: Capability, ops: OpTable
     return _found(bool(outcome)), f"{effect.op} returned {bool(outcome)}"
 
 
-async def check_effect(
-    effect: EffectSpec, cap: Capability, params: BaseModel, ops: OpTable,
-    executor: Executor | None = None,
-) -> EffectCheck:
+async def check_effect(effect: EffectSpec, cap: Capability, params: BaseModel, ops: OpTable,
+                       executor: Executor | None = None) -> EffectCheck:
     """Check one effect under its timeout; failures to decide are ``unknown``, never raised.
 
     A plain verify op runs on ``executor`` (the loop's default when None).
@@ -229,10 +226,9 @@ async def check_effect(
     return EffectCheck(effect.kind, *answer)
 
 
-async def verify_post_write_effects(
-    cap: Capability, params: BaseModel, ops: OpTable | None = None, *,
-    executor: Executor | None = None,
-) -> Verification:
+async def verify_post_write_effects(cap: Capability, params: BaseModel,
+                                   ops: OpTable | None = None, *,
+                                   executor: Executor | None = None) -> Verification:
     """Check every declared effect of ``cap`` for this call, concurrently, and combine them."""
     table = ops or OpTable()
     checks = await asyncio.gather(

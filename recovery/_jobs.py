@@ -196,9 +196,8 @@ CANCELLABLE: frozenset[str] = frozenset({"pending", "needs_operator", "dead"})
 def check_retryable(job: Job) -> None:
     """Raise :class:`InvalidTransition` unless an operator may retry ``job``."""
     if job.state not in RETRYABLE:
-        raise InvalidTransition(
-            f"job {job.id} is {job.state}; only needs_operator, dead, cancelled or partial "
-            "jobs can be retried")
+        raise InvalidTransition(f"job {job.id} is {job.state}; only needs_operator, dead, "
+                                "cancelled or partial jobs can be retried")
 
 
 def check_cancellable(job: Job) -> None:
@@ -272,6 +271,5 @@ def decide_for(backoff: BackoffPolicy, fields: Any, *, now: float, rng: random.R
     return backoff.decide(
         fields["policy"], now=now, first_sent_at=fields["first_sent_at"],
         timeout_s=fields["timeout_s"], attempts=fields["attempts"],
-        max_attempts=fields["max_attempts"],
-        created_at=fields["retried_at"] or fields["created_at"],
-        failure=failure, retry_after_s=retry_after_s, rng=rng)
+        max_attempts=fields["max_attempts"], failure=failure, retry_after_s=retry_after_s,
+        created_at=fields["retried_at"] or fields["created_at"], rng=rng)

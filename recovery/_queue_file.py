@@ -258,13 +258,17 @@ def storage_error(path: Path, failed: str, exc: BaseException) -> QueueStorageEr
 def _open_error(path: Path, exc: sqlite3.Error) -> QueueStorageError:
     """Tell a file that is not a database (or a damaged one) from one that cannot be used now."""
     if _primary_code(exc) in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
-        return QueueCorrupt(f"{path} is not a readable capd queue ({exc}); move it aside and "
-                            "inspect it — capd never replaces it")
+        return QueueCorrupt(f"{path} is not a readable capd queue ({exc}); {_INSPECT_IT}")
     return storage_error(path, "cannot open", exc)
 
 
 def _uri(file: Path, mode: str) -> str:
     return f"{file.absolute().as_uri()}?mode={mode}"
+
+
+_INSPECT_IT = "move it aside and inspect it — capd never replaces it"
+_START_AGAIN = ("move it aside (capd never replaces it) and start capd again to create a new "
+                "queue")
 
 
 def _primary_code(exc: sqlite3.Error) -> int | None:
@@ -292,8 +296,7 @@ def _queue_file_exists(path: Path) -> bool:
     except OSError as exc:
         raise storage_error(path, "cannot look at", exc) from exc
     if not stat.S_ISREG(info.st_mode):
-        raise QueueCorrupt(f"{path} is not a regular file: not a capd queue; move it aside "
-                           "(capd never replaces it) and start capd again to create a new queue")
+        raise QueueCorrupt(f"{path} is not a regular file: not a capd queue; {_START_AGAIN}")
     if info.st_size == 0:
         wal = path.with_name(path.name + "-wal")
         hint = ""
@@ -409,14 +412,11 @@ async def _inspect(db: aiosqlite.Connection, path: Path) -> None:
             f"the queue {path} has schema version {version}, newer than this capd "
             f"understands ({SCHEMA_VERSION}); upgrade capd")
     if version == 0:
-        raise QueueCorrupt(
-            f"{path} is a SQLite database but not a capd queue (it has no capd schema); "
-            "move it aside (capd never replaces it) and start capd again to create a new "
-            "queue")
+        raise QueueCorrupt(f"{path} is a SQLite database but not a capd queue (it has no capd "
+                           f"schema); {_START_AGAIN}")
     if tables is None or tables[0] != 2:
-        raise QueueCorrupt(
-            f"{path} says it is capd queue schema version {version} but lacks its tables; "
-            "move it aside and inspect it — capd never replaces it")
+        raise QueueCorrupt(f"{path} says it is capd queue schema version {version} but lacks "
+                           f"its tables; {_INSPECT_IT}")
 
 
 async def _migrate(db: aiosqlite.Connection, path: Path) -> None:

@@ -69,15 +69,10 @@ class Rechecker:
     monotonic seconds (inject one in tests).
     """
 
-    def __init__(
-        self,
-        registry: Callable[[], Registry],
-        *,
-        cooldown_s: float = DEFAULT_COOLDOWN_S,
-        probe: Probe | None = None,
-        executor: Executor | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, registry: Callable[[], Registry], *,
+                 cooldown_s: float = DEFAULT_COOLDOWN_S, probe: Probe | None = None,
+                 executor: Executor | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._registry = registry
         self.cooldown_s = cooldown_s
         self._probe: Probe = probe or partial(run_probe, executor=executor)
@@ -128,14 +123,12 @@ class Rechecker:
             self.stats.restored += len(restored)
             log.info("capability_restored", tool=tool, capabilities=restored)
         if disabled:
-            log.warning("capability_disabled", tool=tool, capabilities=disabled,
-                        error=result.error)
+            log.warning("capability_disabled", tool=tool, capabilities=disabled, error=result.error)
         return ToolRecheck(tool, result, probed=True, restored=tuple(restored),
                            disabled=tuple(disabled))
 
-    async def recheck_disabled_capability(
-        self, name: str, *, force: bool = False
-    ) -> CapabilityRecheck:
+    async def recheck_disabled_capability(self, name: str, *, force: bool = False
+                                          ) -> CapabilityRecheck:
         """Re-probe only the missing tools of ``name``, concurrently; restore it if all pass.
 
         A live capability is returned as is. Raises :class:`UnknownCapability`.
@@ -156,9 +149,8 @@ class Rechecker:
         return CapabilityRecheck(name, live=after is None, missing=after.missing if after else (),
                                  tools=tuple(outcomes), restored=restored)
 
-    async def run(
-        self, interval_s: float, stop: asyncio.Event, *, live_every_s: float | None = None
-    ) -> None:
+    async def run(self, interval_s: float, stop: asyncio.Event, *,
+                  live_every_s: float | None = None) -> None:
         """Re-probe disabled tools every ``interval_s`` until ``stop`` is set.
 
         With ``live_every_s``, every tool (live ones too) is re-probed that

@@ -235,9 +235,8 @@ class GuardedHttp:
         if self._closed:
             raise RuntimeError("this GuardedHttp is closed")
         if self._session is None:
-            connector = _PeerNotingConnector(
-                resolver=self._resolver, use_dns_cache=False,
-                ssl=self._tls if self._tls is not None else True)
+            connector = _PeerNotingConnector(resolver=self._resolver, use_dns_cache=False,
+                                             ssl=self._tls if self._tls is not None else True)
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s))
@@ -294,9 +293,8 @@ class GuardedHttp:
                 return answer
             status, location = answer
             if len(hop.redirects) >= self._max_redirects:
-                raise HttpLimitExceeded(
-                    f"{hop.method} {first} redirected more than {self._max_redirects} times "
-                    f"(the last to {location})")
+                raise HttpLimitExceeded(f"{hop.method} {first} redirected more than "
+                                        f"{self._max_redirects} times (the last to {location})")
             _redirect(hop, status, location, request_url)
 
     async def _check(self, target: UrlHost, where: str) -> tuple[Address, ...]:

@@ -187,8 +187,7 @@ class NetGuard:
             try:
                 addresses.add(ipaddress.ip_address(text.split("%", 1)[0]))
             except ValueError as exc:
-                raise OSError(f"the resolver answered {text!r}, which is not an address"
-                              ) from exc
+                raise OSError(f"the resolver answered {text!r}, which is not an address") from exc
         if not addresses:
             raise OSError("it resolves to no address")
         return tuple(sorted(addresses, key=lambda a: (a.version, int(a))))
