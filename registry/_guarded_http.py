@@ -283,7 +283,8 @@ class GuardedHttp:
     async def _follow(self, hop: _Hop) -> GuardedResponse:
         first = hop.url
         while True:
-            where = _where(hop.method, hop.url, first, len(hop.redirects))
+            where = (f"{hop.method} {first} redirected (hop {len(hop.redirects)}) to {hop.url}"
+                     if hop.redirects else f"{hop.method} {hop.url}")
             target = _read(hop.url, where)
             addresses = await self._check(target, where)
             request_url = _request_url(target, where)
@@ -391,13 +392,6 @@ def _request_url(target: UrlHost, where: str) -> URL:
                           f"({problem}); the guarded HTTP client refuses it"))
 
 
-def _where(method: str, url: str, first: str, hops: int) -> str:
-    """The hop, for a message: ``GET http://a/``, or how a redirect led to it."""
-    if hops == 0:
-        return f"{method} {url}"
-    return f"{method} {first} redirected (hop {hops}) to {url}"
-
-
 def _redirect(hop: _Hop, status: int, location: str, current: URL) -> None:
     """Turn ``hop`` into the request a redirect to ``location`` asks for (RFC 9110 §15.4)."""
     try:
@@ -411,17 +405,13 @@ def _redirect(hop: _Hop, status: int, location: str, current: URL) -> None:
         hop.method, hop.body = "GET", None  # as every client does
         hop.headers = {k: v for k, v in hop.headers.items()
                        if k.lower() not in ("content-type", "content-length")}
-    if current.origin() != _origin(following):
+    same_origin = False
+    with contextlib.suppress(ValueError):  # a URL without an origin is another origin
+        same_origin = current.origin() == following.origin()
+    if not same_origin:
         hop.headers = {k: v for k, v in hop.headers.items() if k.lower() not in _CREDENTIALS}
     hop.url = str(following)
     hop.redirects.append(hop.url)
-
-
-def _origin(url: URL) -> URL | None:
-    try:
-        return url.origin()
-    except ValueError:
-        return None
 
 
 async def guarded_fetch(url: str, *, method: str = "GET", allow: Iterable[str] = (),
