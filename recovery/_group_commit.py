@@ -187,8 +187,7 @@ class GroupCommit:
         if self.write_error is not None:
             log.info("queue_writable_again", path=str(self.path), failed_at=self.write_error_at)
             self.write_error = self.write_error_at = None
-        for op, outcome in zip(batch, results, strict=True):
-            future = op[3]
+        for (*_, future), outcome in zip(batch, results, strict=True):
             if future.done():
                 continue
             if isinstance(outcome, QueueError):
@@ -202,8 +201,7 @@ class GroupCommit:
         self.write_error, self.write_error_at = message, self._clock()
         log.error("queue_commit_failed", error=repr(exc), disk_full=is_disk_full(exc),
                   operations=len(batch))
-        for op in batch:
-            future = op[3]
+        for *_, future in batch:
             if not future.done():
                 # One exception object per caller: each raise adds to its own traceback.
                 error = storage_error(self.path, "could not commit to", exc)

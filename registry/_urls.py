@@ -114,8 +114,7 @@ def read_url(text: str) -> UrlHost | None:
     elif rest.startswith("//"):
         after = rest[2:]
     else:  # a URL wrapped in another scheme (jar:http://..., view-source:https://...)
-        inner = _SCHEME.match(rest)
-        return read_url(rest) if inner is not None else None
+        return read_url(rest) if _SCHEME.match(rest) is not None else None
     authority = _host_part(text, after)
     if not authority and scheme not in SPECIAL_SCHEMES:
         return None  # gopher:///x has no host
