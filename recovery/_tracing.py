@@ -53,10 +53,8 @@ _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 
 def tracing_wanted(env: Mapping[str, str] = os.environ) -> bool:
     """Whether the ``OTEL_*`` variables in ``env`` ask for traces."""
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporter == "none":
+    if exporter == "none" or env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     return exporter in ("otlp", "console") or any(env.get(name) for name in _ENDPOINTS)
 
