@@ -98,14 +98,9 @@ def _names_match(cls: type, names: Iterable[str]) -> bool:
     library's public alias works too.
     """
     wanted = set(names)
-    if not wanted:
-        return False
-    for klass in cls.__mro__:
-        module = klass.__module__
-        if (f"{module}.{klass.__qualname__}" in wanted
-                or f"{module.partition('.')[0]}.{klass.__qualname__}" in wanted):
-            return True
-    return False
+    return bool(wanted) and any(
+        f"{k.__module__}.{k.__qualname__}" in wanted
+        or f"{k.__module__.partition('.')[0]}.{k.__qualname__}" in wanted for k in cls.__mro__)
 
 
 def is_network_error(exc: BaseException) -> bool:
@@ -140,10 +135,10 @@ def classify_error(cap: Capability, exc: BaseException, *, unknown_is_transient:
     return ("transient" if unknown_is_transient else "permanent"), False
 
 
-async def call_capability(
-    cap: Capability, params: BaseModel, *, unknown_errors_are_transient: bool = False,
-    executor: Executor | None = None, timeout_s: float | None = None,
-) -> CallOutcome:
+async def call_capability(cap: Capability, params: BaseModel, *,
+                          unknown_errors_are_transient: bool = False,
+                          executor: Executor | None = None,
+                          timeout_s: float | None = None) -> CallOutcome:
     """Invoke ``cap`` under its ``timeout_s`` and classify the result. Never raises but on cancel.
 
     ``unknown_errors_are_transient`` is for calls made while the capability's
@@ -177,8 +172,7 @@ async def call_capability(
         message = f"{cap.name} did not finish within {limit_s:g}s"
         if running is not None:
             message += "; its thread is still running, so the write may still land"
-        return CallOutcome("transient", error_type="timeout", message=message,
-                           abandoned=running)
+        return CallOutcome("transient", error_type="timeout", message=message, abandoned=running)
     except USER_CODE_FAILURES as exc:  # an op's unexpected failure (SystemExit too) is data
         kind, network = classify_error(cap, exc, unknown_is_transient=unknown_errors_are_transient)
         return CallOutcome(kind, error_type=type(exc).__name__,
@@ -205,5 +199,4 @@ def apply_passive_health(registry: Registry, cap: Capability, outcome: CallOutco
     for tool in tools:
         if registry.has_tool(tool):
             registry.mark_tool_down(tool, f"reported by {cap.name}: {outcome.message}")
-    log.warning("passive_disable", capability=cap.name, tools=list(tools),
-                error=outcome.message)
+    log.warning("passive_disable", capability=cap.name, tools=list(tools), error=outcome.message)

@@ -62,21 +62,11 @@ class BackoffPolicy:
         ceiling = min(self.cap_s, self.base_s * self.factor ** max(0, attempts - 1))
         return rng.uniform(0.0, ceiling)
 
-    def decide(
-        self,
-        policy: RetryPolicy,
-        *,
-        now: float,
-        first_sent_at: float,
-        timeout_s: float,
-        attempts: int = 0,
-        max_attempts: int | None = None,
-        created_at: float | None = None,
-        failure: Failure | None = None,
-        retry_after_s: float | None = None,
-        verify_grace_s: float = 0.0,
-        rng: random.Random | None = None,
-    ) -> RetryDecision:
+    def decide(self, policy: RetryPolicy, *, now: float, first_sent_at: float, timeout_s: float,
+               attempts: int = 0, max_attempts: int | None = None,
+               created_at: float | None = None, failure: Failure | None = None,
+               retry_after_s: float | None = None, verify_grace_s: float = 0.0,
+               rng: random.Random | None = None) -> RetryDecision:
         """When a job runs next, or that it never runs again (the rules: the module docstring).
 
         The job is described by its ``policy``, when its first call was sent

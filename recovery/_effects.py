@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import os
 import re
 from collections.abc import Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -45,7 +46,7 @@ EffectStatus = Literal["present", "absent", "unknown"]
 Verdict = Literal["verified", "absent", "partial", "unknown"]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class EffectCheck:
     """One effect's verdict and why."""
 
@@ -54,7 +55,7 @@ class EffectCheck:
     detail: str
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Verification:
     """The combined verdict over every declared effect."""
 
@@ -63,9 +64,7 @@ class Verification:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON view for the attempts table and the API."""
-        return {"verdict": self.verdict,
-                "checks": [{"kind": c.kind, "status": c.status, "detail": c.detail}
-                           for c in self.checks]}
+        return {"verdict": self.verdict, "checks": [dataclasses.asdict(c) for c in self.checks]}
 
 
 def combine(statuses: list[EffectStatus]) -> Verdict:
@@ -81,17 +80,24 @@ def combine(statuses: list[EffectStatus]) -> Verdict:
 
 def _read_bytes(path: str) -> bytes | None:
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        return Path(path).read_bytes()
     except FileNotFoundError:
         return None
 
 
-async def _file_contains(effect: FileContainsEffect, values: Mapping[str, Any]) -> EffectCheck:
+# Each check answers (status, detail); check_effect adds the effect's kind.
+Answer = tuple[EffectStatus, str]
+
+
+def _found(found: bool) -> EffectStatus:
+    return "present" if found else "absent"
+
+
+async def _file_contains(effect: FileContainsEffect, values: Mapping[str, Any]) -> Answer:
     path = render(effect.path, values)
     data = await asyncio.to_thread(_read_bytes, path)
     if data is None:
-        return EffectCheck(effect.kind, "absent", f"{path} does not exist")
+        return "absent", f"{path} does not exist"
     # Bytes exactly as written, lines ended by "\n" only: a line holding "\r", "\x0b",
     # "\x85" or "\u2028" is one line here, as it was when the op wrote it.
     if effect.line is not None:
@@ -101,20 +107,17 @@ async def _file_contains(effect: FileContainsEffect, values: Mapping[str, Any]) 
     else:
         assert effect.regex is not None
         # Substituted values are escaped: a parameter is matched literally.
-        escaped = {k: re.escape(str(v)) for k, v in values.items()}
-        pattern = render(effect.regex, escaped)
+        pattern = render(effect.regex, {k: re.escape(str(v)) for k, v in values.items()})
         text = data.decode("utf-8", "surrogateescape")
         found = re.search(pattern, text, re.MULTILINE) is not None
         what = f"pattern {pattern!r}"
-    return EffectCheck(effect.kind, "present" if found else "absent",
-                       f"{path} {'contains' if found else 'lacks'} {what}")
+    return _found(found), f"{path} {'contains' if found else 'lacks'} {what}"
 
 
-async def _file_exists(effect: FileExistsEffect, values: Mapping[str, Any]) -> EffectCheck:
+async def _file_exists(effect: FileExistsEffect, values: Mapping[str, Any]) -> Answer:
     path = render(effect.path, values)
     exists = await asyncio.to_thread(os.path.exists, path)
-    return EffectCheck(effect.kind, "present" if exists else "absent",
-                       f"{path} {'exists' if exists else 'does not exist'}")
+    return _found(exists), f"{path} {'exists' if exists else 'does not exist'}"
 
 
 def _field(document: Any, dotted: str) -> Any:
@@ -129,7 +132,7 @@ def _field(document: Any, dotted: str) -> Any:
 
 
 async def _http(effect: HttpEffect, values: Mapping[str, Any],
-                options: Mapping[str, Any]) -> EffectCheck:
+                options: Mapping[str, Any]) -> Answer:
     # A call's parameter lands in the URL percent-encoded: it can add a path segment's
     # worth of text, never a host, a port, a path or a query of its own. The
     # capability's options (the operator's) are taken as written.
@@ -138,17 +141,14 @@ async def _http(effect: HttpEffect, values: Mapping[str, Any],
     import aiohttp  # only when an http effect is checked (the import costs ~0.1 s)
 
     async with aiohttp.ClientSession() as session, session.request(
-        effect.method, url, allow_redirects=False
-    ) as response:
+            effect.method, url, allow_redirects=False) as response:
+        answered = f"{effect.method} {url} answered {response.status}"
         if response.status in (404, 410):
-            return EffectCheck(effect.kind, "absent", f"{effect.method} {url} answered "
-                               f"{response.status}")
+            return "absent", answered
         if response.status != effect.expect_status:
-            return EffectCheck(effect.kind, "unknown", f"{effect.method} {url} answered "
-                               f"{response.status}, expected {effect.expect_status}")
+            return "unknown", f"{answered}, expected {effect.expect_status}"
         if effect.json_field is None:
-            return EffectCheck(effect.kind, "present", f"{effect.method} {url} answered "
-                               f"{response.status}")
+            return "present", answered
         document = await response.json(content_type=None)
     expected = effect.json_equals
     if isinstance(expected, str):
@@ -156,20 +156,19 @@ async def _http(effect: HttpEffect, values: Mapping[str, Any],
     try:
         actual = _field(document, effect.json_field)
     except KeyError:
-        return EffectCheck(effect.kind, "absent", f"{url}: no field {effect.json_field!r}")
-    same = actual == expected or str(actual) == str(expected)
-    return EffectCheck(effect.kind, "present" if same else "absent",
-                       f"{url}: {effect.json_field} is {actual!r}, expected {expected!r}")
+        return "absent", f"{url}: no field {effect.json_field!r}"
+    return (_found(actual == expected or str(actual) == str(expected)),
+            f"{url}: {effect.json_field} is {actual!r}, expected {expected!r}")
 
 
-async def _command(effect: CommandEffect, values: Mapping[str, Any]) -> EffectCheck:
+async def _command(effect: CommandEffect, values: Mapping[str, Any]) -> Answer:
     argv = [render(a, values) for a in effect.argv]
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL)
     except FileNotFoundError:
-        return EffectCheck(effect.kind, "unknown", f"{argv[0]!r} not found")
+        return "unknown", f"{argv[0]!r} not found"
     try:
         code = await proc.wait()
     except BaseException:
@@ -177,15 +176,15 @@ async def _command(effect: CommandEffect, values: Mapping[str, Any]) -> EffectCh
             proc.kill()
         await asyncio.shield(proc.wait())
         raise
-    status: EffectStatus = "present" if code == 0 else "absent" if code == 1 else "unknown"
-    return EffectCheck(effect.kind, status, f"{' '.join(argv)!r} exited {code}")
+    return ("present" if code == 0 else "absent" if code == 1 else "unknown",
+            f"{' '.join(argv)!r} exited {code}")
 
 
 async def _op(effect: OpEffect, params: BaseModel, cap: Capability, ops: OpTable,
-              executor: Executor | None) -> EffectCheck:
+              executor: Executor | None) -> Answer:
     spec = ops.ops.get(effect.op)
     if spec is None:
-        return EffectCheck(effect.kind, "unknown", f"verify op {effect.op!r} is not registered")
+        return "unknown", f"verify op {effect.op!r} is not registered"
     if inspect.iscoroutinefunction(spec.func):
         outcome = await spec.func(params, **cap.options)
     else:  # a plain verifier runs off the loop; the effect's timeout still holds
@@ -194,15 +193,12 @@ async def _op(effect: OpEffect, params: BaseModel, cap: Capability, ops: OpTable
         if inspect.isawaitable(outcome):
             outcome = await outcome
     if outcome is None:
-        return EffectCheck(effect.kind, "unknown", f"{effect.op} could not decide")
-    return EffectCheck(effect.kind, "present" if outcome else "absent",
-                       f"{effect.op} returned {bool(outcome)}")
+        return "unknown", f"{effect.op} could not decide"
+    return _found(bool(outcome)), f"{effect.op} returned {bool(outcome)}"
 
 
-async def check_effect(
-    effect: EffectSpec, cap: Capability, params: BaseModel, ops: OpTable,
-    executor: Executor | None = None,
-) -> EffectCheck:
+async def check_effect(effect: EffectSpec, cap: Capability, params: BaseModel, ops: OpTable,
+                       executor: Executor | None = None) -> EffectCheck:
     """Check one effect under its timeout; failures to decide are ``unknown``, never raised.
 
     A plain verify op runs on ``executor`` (the loop's default when None).
@@ -212,26 +208,27 @@ async def check_effect(
         async with asyncio.timeout(effect.timeout_s):
             match effect:
                 case FileContainsEffect():
-                    return await _file_contains(effect, values)
+                    answer = await _file_contains(effect, values)
                 case FileExistsEffect():
-                    return await _file_exists(effect, values)
+                    answer = await _file_exists(effect, values)
                 case HttpEffect():
-                    return await _http(effect, values, cap.options)
+                    answer = await _http(effect, values, cap.options)
                 case CommandEffect():
-                    return await _command(effect, values)
+                    answer = await _command(effect, values)
                 case OpEffect():
-                    return await _op(effect, params, cap, ops, executor)
+                    answer = await _op(effect, params, cap, ops, executor)
+                case _:  # pragma: no cover
+                    raise AssertionError(f"unhandled effect kind {effect.kind}")
     except TimeoutError:
-        return EffectCheck(effect.kind, "unknown", f"timed out after {effect.timeout_s:g}s")
+        answer = "unknown", f"timed out after {effect.timeout_s:g}s"
     except USER_CODE_FAILURES as exc:  # a check that cannot decide says so
-        return EffectCheck(effect.kind, "unknown", f"{type(exc).__name__}: {exc}")
-    raise AssertionError(f"unhandled effect kind {effect.kind}")  # pragma: no cover
+        answer = "unknown", f"{type(exc).__name__}: {exc}"
+    return EffectCheck(effect.kind, *answer)
 
 
-async def verify_post_write_effects(
-    cap: Capability, params: BaseModel, ops: OpTable | None = None, *,
-    executor: Executor | None = None,
-) -> Verification:
+async def verify_post_write_effects(cap: Capability, params: BaseModel,
+                                   ops: OpTable | None = None, *,
+                                   executor: Executor | None = None) -> Verification:
     """Check every declared effect of ``cap`` for this call, concurrently, and combine them."""
     table = ops or OpTable()
     checks = await asyncio.gather(

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import operator
 import sqlite3
 import threading
 import time
@@ -185,8 +187,7 @@ class GroupCommit:
         if self.write_error is not None:
             log.info("queue_writable_again", path=str(self.path), failed_at=self.write_error_at)
             self.write_error = self.write_error_at = None
-        for op, outcome in zip(batch, results, strict=True):
-            future = op[3]
+        for (*_, future), outcome in zip(batch, results, strict=True):
             if future.done():
                 continue
             if isinstance(outcome, QueueError):
@@ -200,8 +201,7 @@ class GroupCommit:
         self.write_error, self.write_error_at = message, self._clock()
         log.error("queue_commit_failed", error=repr(exc), disk_full=is_disk_full(exc),
                   operations=len(batch))
-        for op in batch:
-            future = op[3]
+        for *_, future in batch:
             if not future.done():
                 # One exception object per caller: each raise adds to its own traceback.
                 error = storage_error(self.path, "could not commit to", exc)
@@ -227,27 +227,17 @@ class GroupCommit:
         db.execute("BEGIN IMMEDIATE")
         results: list[Any] = []
         try:
-            i, end = 0, len(batch)
-            while i < end:
-                sql, payload, result, _ = batch[i]
-                if sql is None:
-                    try:
-                        results.append(payload(db))
-                    except QueueError as exc:
-                        results.append(exc)
-                    i += 1
-                    continue
-                j = i + 1
-                while j < end and batch[j][0] == sql:
-                    j += 1
-                if j == i + 1:
-                    db.execute(sql, payload)
-                    results.append(result)
-                else:
-                    run = batch[i:j]
+            for sql, group in itertools.groupby(batch, key=operator.itemgetter(0)):
+                run = list(group)
+                if sql is not None:
                     db.executemany(sql, [op[1] for op in run])
                     results.extend([op[2] for op in run])
-                i = j
+                    continue
+                for _, work, _, _ in run:
+                    try:
+                        results.append(work(db))
+                    except QueueError as exc:
+                        results.append(exc)
             db.execute("COMMIT")
         except BaseException:
             # After SQLITE_FULL or SQLITE_IOERR SQLite may have rolled back already; a

@@ -110,10 +110,7 @@ async def open_queue_file(path: Path, *, synchronous: Literal["FULL", "NORMAL"] 
     # Before any connection: SQLite would take a damaged WAL for an empty one, and drop the
     # acknowledged jobs it holds at the first write.
     await asyncio.to_thread(check_wal, path)
-    try:
-        db = await aiosqlite.connect(_uri(path, "rw"), uri=True, isolation_level=None)
-    except (sqlite3.Error, OSError) as exc:
-        raise storage_error(path, "cannot open", exc) from exc
+    db = await _connect(path, path, "rw", "cannot open")
     db.row_factory = sqlite3.Row
     try:
         await _inspect(db, path)  # reads only: a foreign file is refused untouched
@@ -156,9 +153,7 @@ def check_wal(path: Path) -> None:
             db_header = handle.read(100)
     except OSError as exc:
         raise storage_error(path, "cannot read", exc) from exc
-    problem = _wal_problem(header, db_header)
-    if problem is None:
-        problem = _broken_frame(wal, header)
+    problem = _wal_problem(wal, header, db_header)
     if problem is not None:
         raise QueueCorrupt(
             f"the queue's write-ahead log {wal} is damaged ({problem}): it may hold "
@@ -167,13 +162,20 @@ def check_wal(path: Path) -> None:
             "replaces them")
 
 
-def _wal_problem(header: bytes, db_header: bytes) -> str | None:
-    """What is wrong with a WAL ``header`` (its first 32 bytes) for the database whose
-    first bytes are ``db_header``; None when it is sound."""
+WAL_FRAMES_CHECKED_UP_TO = 256 << 20
+"""A longer WAL has its header checked only (its frames would take seconds to sum)."""
+
+
+def _wal_problem(wal: Path, header: bytes, db_header: bytes) -> str | None:
+    """What is wrong with the WAL ``wal`` whose first 32 bytes are ``header``, for the
+    database whose first bytes are ``db_header``; None when it is sound.
+
+    Its frames are summed too: a break with more of the same log after it is damage; a
+    torn last frame (never committed, so never acknowledged) is not.
+    """
     if len(header) < 32:
         return f"{len(header)} bytes, shorter than a WAL header"
-    magic, version, page_size, _seq, _salt1, _salt2, sum1, sum2 = struct.unpack(
-        ">8I", header)
+    magic, version, page_size, _seq, salt1, salt2, sum1, sum2 = struct.unpack(">8I", header)
     if magic not in _WAL_MAGIC:
         return f"magic {magic:#010x} is not a WAL's"
     if version != _WAL_VERSION:
@@ -183,27 +185,9 @@ def _wal_problem(header: bytes, db_header: bytes) -> str | None:
         db_page = 65536 if raw == 1 else raw
         if page_size != db_page:
             return f"page size {page_size}, the database's is {db_page}"
-    words = struct.unpack(">6I" if magic & 1 else "<6I", header[:24])
-    s0 = s1 = 0
-    for i in range(0, 6, 2):
-        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
-        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
-    if (s0, s1) != (sum1, sum2):
-        return "its header checksum does not match"
-    return None
-
-
-WAL_FRAMES_CHECKED_UP_TO = 256 << 20
-"""A longer WAL has its header checked only (its frames would take seconds to sum)."""
-
-
-def _broken_frame(wal: Path, header: bytes) -> str | None:
-    """Where the frames of a WAL whose ``header`` is sound break with more of the same log
-    after the break; None when every frame of it checks out, or only the last one is torn.
-    """
-    magic, _version, page_size, _seq, salt1, salt2, sum1, sum2 = struct.unpack(">8I", header)
     order = ">" if magic & 1 else "<"
-    frame = 24 + page_size
+    if _wal_checksum(struct.unpack(f"{order}6I", header[:24]), 0, 0) != (sum1, sum2):
+        return "its header checksum does not match"
     try:
         if wal.stat().st_size > WAL_FRAMES_CHECKED_UP_TO:
             log.warning("queue_wal_not_summed", path=str(wal), bytes=wal.stat().st_size)
@@ -211,27 +195,30 @@ def _broken_frame(wal: Path, header: bytes) -> str | None:
         data = wal.read_bytes()
     except OSError as exc:
         raise storage_error(wal, "cannot read", exc) from exc
+    frame = 24 + page_size
     words = struct.Struct(f"{order}{(8 + page_size) // 4}I")
     s0, s1 = sum1, sum2
-    offset, index = 32, 0
-    while offset + frame <= len(data):
+    for index, offset in enumerate(range(32, len(data) - frame + 1, frame)):
         _page, _commit, f1, f2, c1, c2 = struct.unpack_from(">6I", data, offset)
         if (f1, f2) != (salt1, salt2):
             return None  # the end of this log: what follows is an older one's
-        values = words.unpack(data[offset:offset + 8] + data[offset + 24:offset + frame])
-        for i in range(0, len(values), 2):
-            s0 = (s0 + values[i] + s1) & 0xFFFFFFFF
-            s1 = (s1 + values[i + 1] + s0) & 0xFFFFFFFF
+        s0, s1 = _wal_checksum(
+            words.unpack(data[offset:offset + 8] + data[offset + 24:offset + frame]), s0, s1)
         if (s0, s1) != (c1, c2):
-            later = offset + frame
-            while later + frame <= len(data):
-                if struct.unpack_from(">2I", data, later + 8) == (salt1, salt2):
-                    return (f"frame {index + 1} does not match its checksum and more of the "
-                            "log follows it")
-                later += frame
-            return None  # a torn last frame: never committed, so never acknowledged
-        offset, index = offset + frame, index + 1
+            if any(struct.unpack_from(">2I", data, later + 8) == (salt1, salt2)
+                   for later in range(offset + frame, len(data) - frame + 1, frame)):
+                return (f"frame {index + 1} does not match its checksum and more of the "
+                        "log follows it")
+            return None  # a torn last frame
     return None
+
+
+def _wal_checksum(words: tuple[int, ...], s0: int, s1: int) -> tuple[int, int]:
+    """SQLite's WAL checksum of ``words`` (an even count), continuing from ``(s0, s1)``."""
+    for i in range(0, len(words), 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    return s0, s1
 
 
 def free_space(path: Path) -> tuple[int, int]:
@@ -253,10 +240,7 @@ def default_reserve(total_bytes: int) -> int:
 def is_disk_full(exc: BaseException) -> bool:
     """True when ``exc`` (from SQLite or the OS) says the filesystem is full."""
     if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorcode", None)
-        if isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_FULL:
-            return True
-        return "database or disk is full" in str(exc)
+        return _primary_code(exc) == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -273,16 +257,34 @@ def storage_error(path: Path, failed: str, exc: BaseException) -> QueueStorageEr
 
 def _open_error(path: Path, exc: sqlite3.Error) -> QueueStorageError:
     """Tell a file that is not a database (or a damaged one) from one that cannot be used now."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
-        return QueueCorrupt(f"{path} is not a readable capd queue ({exc}); move it aside and "
-                            "inspect it — capd never replaces it")
+    if _primary_code(exc) in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return QueueCorrupt(f"{path} is not a readable capd queue ({exc}); {_INSPECT_IT}")
     return storage_error(path, "cannot open", exc)
 
 
-def _uri(path: Path, mode: Literal["rw", "rwc"]) -> str:
-    # mode=rw never creates a file: only _create_queue_file may bring one into being.
-    return f"{path.absolute().as_uri()}?mode={mode}"
+def _uri(file: Path, mode: str) -> str:
+    return f"{file.absolute().as_uri()}?mode={mode}"
+
+
+_INSPECT_IT = "move it aside and inspect it — capd never replaces it"
+_START_AGAIN = ("move it aside (capd never replaces it) and start capd again to create a new "
+                "queue")
+
+
+def _primary_code(exc: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of ``exc`` (``SQLITE_FULL``...), when it carries one."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+async def _connect(path: Path, file: Path, mode: Literal["rw", "rwc"],
+                   failed: str) -> aiosqlite.Connection:
+    """An autocommit connection to ``file`` (``path`` or its temporary twin); errors name
+    ``path``. mode=rw never creates a file: only :func:`_create_queue_file` may."""
+    try:
+        return await aiosqlite.connect(_uri(file, mode), uri=True, isolation_level=None)
+    except (sqlite3.Error, OSError) as exc:
+        raise storage_error(path, failed, exc) from exc
 
 
 def _queue_file_exists(path: Path) -> bool:
@@ -294,8 +296,7 @@ def _queue_file_exists(path: Path) -> bool:
     except OSError as exc:
         raise storage_error(path, "cannot look at", exc) from exc
     if not stat.S_ISREG(info.st_mode):
-        raise QueueCorrupt(f"{path} is not a regular file: not a capd queue; move it aside "
-                           "(capd never replaces it) and start capd again to create a new queue")
+        raise QueueCorrupt(f"{path} is not a regular file: not a capd queue; {_START_AGAIN}")
     if info.st_size == 0:
         wal = path.with_name(path.name + "-wal")
         hint = ""
@@ -328,25 +329,25 @@ def _install(tmp: Path, path: Path) -> bool:
         # The jobs hold callers' parameters: the file (and the WAL and shared-memory files
         # SQLite makes with its mode) is the daemon user's alone.
         os.chmod(tmp, 0o600)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp, os.O_RDONLY)
         try:
             os.link(tmp, path)  # unlike rename, link never replaces what is at path
         except FileExistsError:
             return False
         finally:
             _discard_temporary(tmp)
-        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise storage_error(path, "could not put in place", exc) from exc
     return True
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 async def _create_queue_file(path: Path, busy_timeout_ms: int) -> None:
@@ -360,10 +361,7 @@ async def _create_queue_file(path: Path, busy_timeout_ms: int) -> None:
     """
     tmp = path.with_name(f"{path.name}.init-{os.getpid()}-{os.urandom(4).hex()}")
     try:
-        try:
-            db = await aiosqlite.connect(_uri(tmp, "rwc"), uri=True, isolation_level=None)
-        except (sqlite3.Error, OSError) as exc:
-            raise storage_error(path, "cannot create", exc) from exc
+        db = await _connect(path, tmp, "rwc", "cannot create")
         try:
             # Messages name the path the operator knows, not the temporary one.
             await _configure(db, path, "FULL", busy_timeout_ms)
@@ -407,23 +405,18 @@ async def _inspect(db: aiosqlite.Connection, path: Path) -> None:
     if check is None or check[0] != "ok":
         raise QueueCorrupt(
             f"the queue {path} failed its integrity check ({check[0] if check else '?'});"
-            " move it aside and inspect it with sqlite3 — capd never replaces it"
-        )
+            " move it aside and inspect it with sqlite3 — capd never replaces it")
     version = int(row[0]) if row else 0
     if version > SCHEMA_VERSION:
         raise QueueStorageError(
             f"the queue {path} has schema version {version}, newer than this capd "
-            f"understands ({SCHEMA_VERSION}); upgrade capd"
-        )
+            f"understands ({SCHEMA_VERSION}); upgrade capd")
     if version == 0:
-        raise QueueCorrupt(
-            f"{path} is a SQLite database but not a capd queue (it has no capd schema); "
-            "move it aside (capd never replaces it) and start capd again to create a new "
-            "queue")
+        raise QueueCorrupt(f"{path} is a SQLite database but not a capd queue (it has no capd "
+                           f"schema); {_START_AGAIN}")
     if tables is None or tables[0] != 2:
-        raise QueueCorrupt(
-            f"{path} says it is capd queue schema version {version} but lacks its tables; "
-            "move it aside and inspect it — capd never replaces it")
+        raise QueueCorrupt(f"{path} says it is capd queue schema version {version} but lacks "
+                           f"its tables; {_INSPECT_IT}")
 
 
 async def _migrate(db: aiosqlite.Connection, path: Path) -> None:
@@ -475,13 +468,11 @@ async def _configure(db: aiosqlite.Connection, path: Path, synchronous: str,
     if str(actual["journal_mode"]).lower() != "wal":
         raise QueueStorageError(
             f"the queue {path} could not switch to WAL (journal_mode is "
-            f"{actual['journal_mode']}); put the state directory on a local filesystem"
-        )
+            f"{actual['journal_mode']}); put the state directory on a local filesystem")
     for name in ("synchronous", "busy_timeout", "foreign_keys"):
         if actual[name] != wanted[name]:
             raise QueueStorageError(
-                f"the queue {path}: PRAGMA {name} is {actual[name]}, expected {wanted[name]}"
-            )
+                f"the queue {path}: PRAGMA {name} is {actual[name]}, expected {wanted[name]}")
 
 
 def default_state_dir() -> Path:

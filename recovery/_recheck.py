@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import structlog
@@ -48,7 +48,7 @@ class CapabilityRecheck:
     live: bool
     missing: tuple[str, ...]
     tools: tuple[ToolRecheck, ...] = ()
-    restored: tuple[str, ...] = field(default=())
+    restored: tuple[str, ...] = ()
 
 
 @dataclass
@@ -69,15 +69,10 @@ class Rechecker:
     monotonic seconds (inject one in tests).
     """
 
-    def __init__(
-        self,
-        registry: Callable[[], Registry],
-        *,
-        cooldown_s: float = DEFAULT_COOLDOWN_S,
-        probe: Probe | None = None,
-        executor: Executor | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, registry: Callable[[], Registry], *,
+                 cooldown_s: float = DEFAULT_COOLDOWN_S, probe: Probe | None = None,
+                 executor: Executor | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._registry = registry
         self.cooldown_s = cooldown_s
         self._probe: Probe = probe or partial(run_probe, executor=executor)
@@ -128,14 +123,12 @@ class Rechecker:
             self.stats.restored += len(restored)
             log.info("capability_restored", tool=tool, capabilities=restored)
         if disabled:
-            log.warning("capability_disabled", tool=tool, capabilities=disabled,
-                        error=result.error)
+            log.warning("capability_disabled", tool=tool, capabilities=disabled, error=result.error)
         return ToolRecheck(tool, result, probed=True, restored=tuple(restored),
                            disabled=tuple(disabled))
 
-    async def recheck_disabled_capability(
-        self, name: str, *, force: bool = False
-    ) -> CapabilityRecheck:
+    async def recheck_disabled_capability(self, name: str, *, force: bool = False
+                                          ) -> CapabilityRecheck:
         """Re-probe only the missing tools of ``name``, concurrently; restore it if all pass.
 
         A live capability is returned as is. Raises :class:`UnknownCapability`.
@@ -146,36 +139,18 @@ class Rechecker:
         if entry is None:
             return CapabilityRecheck(name, live=True, missing=())
         outcomes = await asyncio.gather(
-            *(self.recheck_tool(tool, force=force) for tool in entry.missing)
-        )
+            *(self.recheck_tool(tool, force=force) for tool in entry.missing))
         current = self._registry()
         try:
             after = current.disabled_entry(name)
         except UnknownCapability:
             return CapabilityRecheck(name, live=False, missing=entry.missing, tools=tuple(outcomes))
         restored = tuple(sorted({n for o in outcomes for n in o.restored}))
-        return CapabilityRecheck(
-            name,
-            live=after is None,
-            missing=after.missing if after else (),
-            tools=tuple(outcomes),
-            restored=restored,
-        )
+        return CapabilityRecheck(name, live=after is None, missing=after.missing if after else (),
+                                 tools=tuple(outcomes), restored=restored)
 
-    async def recheck_all_disabled(self) -> list[ToolRecheck]:
-        """Re-probe every tool some disabled capability misses (cooldown applies)."""
-        return await self._recheck_each(self._registry().disabled_tools())
-
-    async def recheck_all_tools(self) -> list[ToolRecheck]:
-        """Re-probe every declared tool, live ones included (cooldown applies)."""
-        return await self._recheck_each(self._registry().tool_ids())
-
-    async def _recheck_each(self, tools: frozenset[str]) -> list[ToolRecheck]:
-        return list(await asyncio.gather(*(self.recheck_tool(t) for t in sorted(tools))))
-
-    async def run(
-        self, interval_s: float, stop: asyncio.Event, *, live_every_s: float | None = None
-    ) -> None:
+    async def run(self, interval_s: float, stop: asyncio.Event, *,
+                  live_every_s: float | None = None) -> None:
         """Re-probe disabled tools every ``interval_s`` until ``stop`` is set.
 
         With ``live_every_s``, every tool (live ones too) is re-probed that
@@ -189,10 +164,12 @@ class Rechecker:
                 return
             except TimeoutError:
                 pass
+            registry = self._registry()
             if live_every_s is not None and self._clock() - last_full >= live_every_s:
                 last_full = self._clock()
-                outcomes = await self.recheck_all_tools()
+                tools = registry.tool_ids()  # live ones too
             else:
-                outcomes = await self.recheck_all_disabled()
+                tools = registry.disabled_tools()
+            outcomes = await asyncio.gather(*(self.recheck_tool(t) for t in sorted(tools)))
             if outcomes:
                 log.debug("background_recheck", tools=[o.tool for o in outcomes if o.probed])

@@ -26,6 +26,7 @@ execution, and its MCP conventions for the upstream request):
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -52,10 +53,8 @@ _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 
 def tracing_wanted(env: Mapping[str, str] = os.environ) -> bool:
     """Whether the ``OTEL_*`` variables in ``env`` ask for traces."""
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporter == "none":
+    if exporter == "none" or env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     return exporter in ("otlp", "console") or any(env.get(name) for name in _ENDPOINTS)
 
@@ -69,34 +68,21 @@ def enable_tracing(version: str, env: Mapping[str, str] = os.environ) -> str | N
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import (
-            BatchSpanProcessor,
-            ConsoleSpanExporter,
-            SpanExporter,
-        )
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError:
         return ("OTEL_* variables ask for traces but the OpenTelemetry SDK is not installed: "
                 "pip install 'capd[otel]' (tracing is off)")
-    exporter: SpanExporter
     if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
         exporter = ConsoleSpanExporter()
     else:
         protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                     or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
-        try:
-            if protocol == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
-                    OTLPSpanExporter as GrpcExporter,
-                )
-                exporter = GrpcExporter()
-            else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                    OTLPSpanExporter as HttpExporter,
-                )
-                exporter = HttpExporter()
+        wire = "grpc" if protocol == "grpc" else "http"
+        try:  # the OTLP exporter of that wire: a package of its own
+            exporter = importlib.import_module(
+                f"opentelemetry.exporter.otlp.proto.{wire}.trace_exporter").OTLPSpanExporter()
         except ImportError:
-            package = ("opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc"
-                       else "opentelemetry-exporter-otlp-proto-http")
+            package = f"opentelemetry-exporter-otlp-proto-{wire}"
             return (f"OTEL_* variables ask for OTLP traces over {protocol} but {package} is "
                     f"not installed: pip install {package} (tracing is off)")
     attributes = {"service.version": version}

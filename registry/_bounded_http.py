@@ -91,15 +91,15 @@ def _call_of(request: httpx2.Request) -> int | None:
     return token if isinstance(token, int) else None
 
 
-class _BoundedTransport(httpx2.AsyncBaseTransport):
+class _BoundedTransport(httpx2.AsyncHTTPTransport):
     def __init__(self, limit: int, relations: Relations | None) -> None:
-        self._inner = httpx2.AsyncHTTPTransport()
+        super().__init__()
         self._limit = limit
         self._relations = relations
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         call = _call_of(request) if self._relations is not None else None
-        response = await self._inner.handle_async_request(request)
+        response = await super().handle_async_request(request)
         kind = response.headers.get("content-type", "")
         if kind.startswith("application/json"):
             response.stream = _Bounded(response.stream, self._limit)
@@ -107,9 +107,6 @@ class _BoundedTransport(httpx2.AsyncBaseTransport):
             assert self._relations is not None
             response.stream = _Observed(response.stream, self._relations, call)
         return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 @contextlib.asynccontextmanager

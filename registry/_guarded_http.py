@@ -34,12 +34,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import email.message
 import json as jsonlib
 import socket
 import ssl
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Final
 
 import aiohttp
@@ -86,7 +86,9 @@ class GuardedResponse:
     def text(self, encoding: str | None = None) -> str:
         """The body decoded by ``encoding``, else the ``Content-Type`` charset, else UTF-8
         (undecodable bytes replaced)."""
-        charset = encoding or _charset(self.headers.get("Content-Type", "")) or "utf-8"
+        content_type = email.message.Message()
+        content_type["Content-Type"] = self.headers.get("Content-Type", "")
+        charset = encoding or content_type.get_content_charset() or "utf-8"
         try:
             return self.body.decode(charset, errors="replace")
         except LookupError:  # a charset Python does not know
@@ -112,14 +114,6 @@ class GuardedResponse:
         raise PermanentToolError(message)
 
 
-def _charset(content_type: str) -> str | None:
-    for part in content_type.split(";")[1:]:
-        name, _, value = part.strip().partition("=")
-        if name.lower() == "charset" and value:
-            return value.strip('"')
-    return None
-
-
 class _PinnedResolver(AbstractResolver):
     """aiohttp's resolver, answering only the addresses the guard checked for a host.
 
@@ -128,34 +122,31 @@ class _PinnedResolver(AbstractResolver):
     """
 
     def __init__(self) -> None:
-        self._pins: dict[str, tuple[tuple[Address, ...], int]] = {}
+        self._pins: dict[str, list[tuple[Address, ...]]] = {}
 
     @contextlib.contextmanager
     def pinned(self, host: str, addresses: tuple[Address, ...]) -> Iterator[None]:
         """Pin ``host`` to ``addresses`` for the duration (the latest pin wins; all checked)."""
-        _, users = self._pins.get(host, ((), 0))
-        self._pins[host] = (addresses, users + 1)
+        pins = self._pins.setdefault(host, [])
+        pins.append(addresses)
         try:
             yield
         finally:
-            current, users = self._pins[host]
-            if users <= 1:
+            pins.remove(addresses)
+            if not pins:
                 del self._pins[host]
-            else:
-                self._pins[host] = (current, users - 1)
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_UNSPEC) -> list[ResolveResult]:
-        addresses, _ = self._pins.get(host.rstrip(".").lower(), ((), 0))
-        if not addresses:
+        pins = self._pins.get(host.rstrip(".").lower())
+        if not pins:
             raise OSError(f"{host} was not checked by the guard; the guarded client does not "
                           "resolve it")
-        found: list[ResolveResult] = []
-        for address in addresses:
-            kind = socket.AF_INET if address.version == 4 else socket.AF_INET6
-            if family in (socket.AF_UNSPEC, kind):
-                found.append({"hostname": host, "host": str(address), "port": port,
-                              "family": kind, "proto": 0, "flags": socket.AI_NUMERICHOST})
+        kinds = {4: socket.AF_INET, 6: socket.AF_INET6}
+        found: list[ResolveResult] = [
+            {"hostname": host, "host": str(address), "port": port,
+             "family": kinds[address.version], "proto": 0, "flags": socket.AI_NUMERICHOST}
+            for address in pins[-1] if family in (socket.AF_UNSPEC, kinds[address.version])]
         if not found:
             raise OSError(f"{host} has no checked address of the family asked for")
         return found
@@ -230,8 +221,7 @@ class GuardedHttp:
     async def __aenter__(self) -> GuardedHttp:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -245,9 +235,8 @@ class GuardedHttp:
         if self._closed:
             raise RuntimeError("this GuardedHttp is closed")
         if self._session is None:
-            connector = _PeerNotingConnector(
-                resolver=self._resolver, use_dns_cache=False,
-                ssl=self._tls if self._tls is not None else True)
+            connector = _PeerNotingConnector(resolver=self._resolver, use_dns_cache=False,
+                                             ssl=self._tls if self._tls is not None else True)
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s))
@@ -294,7 +283,8 @@ class GuardedHttp:
     async def _follow(self, hop: _Hop) -> GuardedResponse:
         first = hop.url
         while True:
-            where = _where(hop.method, hop.url, first, len(hop.redirects))
+            where = (f"{hop.method} {first} redirected (hop {len(hop.redirects)}) to {hop.url}"
+                     if hop.redirects else f"{hop.method} {hop.url}")
             target = _read(hop.url, where)
             addresses = await self._check(target, where)
             request_url = _request_url(target, where)
@@ -304,30 +294,25 @@ class GuardedHttp:
                 return answer
             status, location = answer
             if len(hop.redirects) >= self._max_redirects:
-                raise HttpLimitExceeded(
-                    f"{hop.method} {first} redirected more than {self._max_redirects} times "
-                    f"(the last to {location})")
+                raise HttpLimitExceeded(f"{hop.method} {first} redirected more than "
+                                        f"{self._max_redirects} times (the last to {location})")
             _redirect(hop, status, location, request_url)
 
     async def _check(self, target: UrlHost, where: str) -> tuple[Address, ...]:
         """Resolve ``target``'s host once and judge it; the addresses to connect to."""
-        if target.address is not None:
-            addresses: tuple[Address, ...] = (target.address,)
-        else:
-            try:
-                addresses = await self._guard.resolve(target.host)
-            except OSError as exc:
-                why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc)
-                raise HttpUnreachable(f"{where}: the host {target.host!r} does not resolve "
-                                      f"({why})") from exc
-        if not self._guard.host_allowed(target.host):
-            try:
-                self._guard.judge(target, addresses)
-            except SsrfRefused as refusal:
-                raise refusal.restate(
-                    f"{where}: {refusal.reason}; the guarded HTTP client refuses addresses "
-                    "inside. If this host is meant to be reachable, add it to the client's "
-                    "allowlist: GuardedHttp(allow=[...]).") from refusal
+        try:
+            addresses = await self._guard.addresses(target)
+        except OSError as exc:
+            why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc)
+            raise HttpUnreachable(f"{where}: the host {target.host!r} does not resolve "
+                                  f"({why})") from exc
+        try:
+            self._guard.judge(target, addresses)
+        except SsrfRefused as refusal:
+            raise refusal.restate(
+                f"{where}: {refusal.reason}; the guarded HTTP client refuses addresses "
+                "inside. If this host is meant to be reachable, add it to the client's "
+                "allowlist: GuardedHttp(allow=[...]).") from refusal
         return addresses
 
     async def _send(self, hop: _Hop, target: UrlHost, request_url: URL, where: str
@@ -367,15 +352,13 @@ class GuardedHttp:
         if declared is not None and declared > self._max_body_bytes:
             raise HttpLimitExceeded(f"{where}: the answer declares {declared} bytes, more than "
                                     f"max_body_bytes ({self._max_body_bytes})")
-        chunks: list[bytes] = []
-        size = 0
+        body = bytearray()
         async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
-            size += len(chunk)
-            if size > self._max_body_bytes:
+            body += chunk
+            if len(body) > self._max_body_bytes:
                 raise HttpLimitExceeded(f"{where}: the answer is longer than max_body_bytes "
                                         f"({self._max_body_bytes})")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return bytes(body)
 
 
 def _read(url: str, where: str) -> UrlHost:
@@ -409,13 +392,6 @@ def _request_url(target: UrlHost, where: str) -> URL:
                           f"({problem}); the guarded HTTP client refuses it"))
 
 
-def _where(method: str, url: str, first: str, hops: int) -> str:
-    """The hop, for a message: ``GET http://a/``, or how a redirect led to it."""
-    if hops == 0:
-        return f"{method} {url}"
-    return f"{method} {first} redirected (hop {hops}) to {url}"
-
-
 def _redirect(hop: _Hop, status: int, location: str, current: URL) -> None:
     """Turn ``hop`` into the request a redirect to ``location`` asks for (RFC 9110 §15.4)."""
     try:
@@ -429,17 +405,13 @@ def _redirect(hop: _Hop, status: int, location: str, current: URL) -> None:
         hop.method, hop.body = "GET", None  # as every client does
         hop.headers = {k: v for k, v in hop.headers.items()
                        if k.lower() not in ("content-type", "content-length")}
-    if current.origin() != _origin(following):
+    same_origin = False
+    with contextlib.suppress(ValueError):  # a URL without an origin is another origin
+        same_origin = current.origin() == following.origin()
+    if not same_origin:
         hop.headers = {k: v for k, v in hop.headers.items() if k.lower() not in _CREDENTIALS}
     hop.url = str(following)
     hop.redirects.append(hop.url)
-
-
-def _origin(url: URL) -> URL | None:
-    try:
-        return url.origin()
-    except ValueError:
-        return None
 
 
 async def guarded_fetch(url: str, *, method: str = "GET", allow: Iterable[str] = (),

@@ -73,9 +73,6 @@ class SsrfRefused(NetGuardError, Blocked):
 class HttpLimitExceeded(NetGuardError, PermanentToolError):
     """The guarded client gave up on a bound: too many redirects, a body too large."""
 
-    def __init__(self, message: str) -> None:
-        PermanentToolError.__init__(self, message)
-
 
 class HttpUnreachable(NetGuardError, ConnectionError):
     """The guarded client could not connect, or the connection broke (a network failure)."""
@@ -190,15 +187,24 @@ class NetGuard:
             try:
                 addresses.add(ipaddress.ip_address(text.split("%", 1)[0]))
             except ValueError as exc:
-                raise OSError(f"the resolver answered {text!r}, which is not an address"
-                              ) from exc
+                raise OSError(f"the resolver answered {text!r}, which is not an address") from exc
         if not addresses:
             raise OSError("it resolves to no address")
         return tuple(sorted(addresses, key=lambda a: (a.version, int(a))))
 
+    async def addresses(self, target: UrlHost) -> tuple[Address, ...]:
+        """Where ``target`` points: its IP literal, else its host resolved (:meth:`resolve`,
+        whose ``OSError`` it raises)."""
+        if target.address is not None:
+            return (target.address,)
+        return await self.resolve(target.host)
+
     def judge(self, target: UrlHost, addresses: Sequence[Address]) -> None:
         """Raise :class:`SsrfRefused` for the first of ``addresses`` that is inside and not
-        allowed. ``addresses`` are where ``target``'s host resolved (or its literal)."""
+        allowed, unless ``target``'s host is allowlisted by name. ``addresses`` are where
+        ``target``'s host resolved (or its literal)."""
+        if self.host_allowed(target.host):
+            return
         for address in addresses:
             kind = classify_address(address)
             if kind is None or self.address_allowed(address):
@@ -224,15 +230,12 @@ class NetGuard:
                               "files", url=target.url, host=target.host or None)
         if self.host_allowed(target.host):
             return ()
-        if target.address is not None:
-            addresses: tuple[Address, ...] = (target.address,)
-        else:
-            try:
-                addresses = await self.resolve(target.host)
-            except OSError as exc:
-                why = (f"no answer within {self._resolve_timeout_s:g}s"
-                       if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__)
-                raise SsrfRefused(f"the host {target.host!r} does not resolve ({why})",
-                                  url=target.url, host=target.host, allowable=True) from exc
+        try:
+            addresses = await self.addresses(target)
+        except OSError as exc:
+            why = (f"no answer within {self._resolve_timeout_s:g}s"
+                   if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__)
+            raise SsrfRefused(f"the host {target.host!r} does not resolve ({why})",
+                              url=target.url, host=target.host, allowable=True) from exc
         self.judge(target, addresses)
         return addresses

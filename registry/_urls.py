@@ -114,8 +114,7 @@ def read_url(text: str) -> UrlHost | None:
     elif rest.startswith("//"):
         after = rest[2:]
     else:  # a URL wrapped in another scheme (jar:http://..., view-source:https://...)
-        inner = _SCHEME.match(rest)
-        return read_url(rest) if inner is not None else None
+        return read_url(rest) if _SCHEME.match(rest) is not None else None
     authority = _host_part(text, after)
     if not authority and scheme not in SPECIAL_SCHEMES:
         return None  # gopher:///x has no host
@@ -156,6 +155,7 @@ def _authority(after_slashes: str) -> str:
 
 def _read_authority(text: str, scheme: str, authority: str) -> UrlHost:
     hostport = authority.rpartition("@")[2]
+    address: Address | None
     if hostport.startswith("["):
         close = hostport.find("]")
         if close < 0:
@@ -164,31 +164,27 @@ def _read_authority(text: str, scheme: str, authority: str) -> UrlHost:
         if tail and not tail.startswith(":"):
             raise UnreadableUrl(f"{text!r} has {tail!r} after its IPv6 literal")
         try:
-            address: Address = ipaddress.IPv6Address(written[1:-1].split("%", 1)[0])
+            address = ipaddress.IPv6Address(written[1:-1].split("%", 1)[0])
         except ValueError as exc:
             raise UnreadableUrl(f"{text!r}: {written} is not an IPv6 address") from exc
         port = _port(text, tail[1:])
-        return UrlHost(url=text, scheme=scheme, host=str(address), written=written,
-                       address=address, port=port)
-    written, _, port_text = hostport.partition(":")  # a host holds no colon: the first one ends it
-    port = _port(text, port_text)
-    if not written:
-        raise UnreadableUrl(f"{text!r} names no host")
-    host = _domain_to_ascii(text, written)
-    labels = host.split(".")
-    if len(labels) > 1 and labels[-1] == "":
-        labels.pop()
-    if _ends_in_a_number(labels[-1]):
-        parsed = _ipv4(labels)
-        if parsed is None:
+    else:
+        written, _, port_text = hostport.partition(":")  # a host holds no colon
+        port = _port(text, port_text)
+        host = _domain_to_ascii(text, written)
+        labels = host.split(".")
+        if len(labels) > 1 and labels[-1] == "":
+            labels.pop()
+        numeric = _ends_in_a_number(labels[-1])
+        address = _ipv4(labels) if numeric else None
+        if numeric and address is None:
             raise UnreadableUrl(f"{text!r}: {written!r} ends in a number but is not an IPv4 "
                                 "address any parser accepts")
-        return UrlHost(url=text, scheme=scheme, host=str(parsed), written=written,
-                       address=parsed, port=port)
-    host = host.rstrip(".")
-    if not host:
-        raise UnreadableUrl(f"{text!r} names no host")
-    return UrlHost(url=text, scheme=scheme, host=host, written=written, port=port)
+        host = host.rstrip(".")
+        if not host:  # an empty host, or only dots
+            raise UnreadableUrl(f"{text!r} names no host")
+    return UrlHost(url=text, scheme=scheme, host=host if address is None else str(address),
+                   written=written, address=address, port=port)
 
 
 def _port(text: str, port_text: str) -> int | None:
@@ -222,29 +218,23 @@ def _ipv4_number(part: str) -> int | None:
         digits, radix = part[2:], 16
     elif len(part) > 1 and part[0] == "0":
         digits, radix = part[1:], 8
-    if not digits:
-        return 0
-    allowed = "0123456789abcdefABCDEF"[: radix + (6 if radix == 16 else 0)]
-    if not all(c in allowed for c in digits):
+    if not all(c in "0123456789abcdef"[:radix] for c in digits.lower()):
         return None
-    return int(digits, radix)
+    return int(digits, radix) if digits else 0
 
 
 def _ends_in_a_number(label: str) -> bool:
-    if label and label.isascii() and label.isdigit():
-        return True
-    return bool(label) and _ipv4_number(label) is not None
+    return bool(label) and ((label.isascii() and label.isdigit())
+                            or _ipv4_number(label) is not None)
 
 
 def _ipv4(labels: list[str]) -> ipaddress.IPv4Address | None:
     """The WHATWG IPv4 parser (inet_aton's forms): up to four parts, the last fills the rest."""
     if len(labels) > 4 or "" in labels:
         return None
-    numbers = [_ipv4_number(part) for part in labels]
-    if any(n is None for n in numbers):
-        return None
-    values = [n for n in numbers if n is not None]
-    if any(n > 255 for n in values[:-1]) or values[-1] >= 256 ** (5 - len(values)):
+    values = [n for part in labels if (n := _ipv4_number(part)) is not None]
+    if len(values) < len(labels) or any(n > 255 for n in values[:-1]) or (
+            values[-1] >= 256 ** (5 - len(values))):
         return None
     value = values[-1] + sum(n * 256 ** (3 - i) for i, n in enumerate(values[:-1]))
     return ipaddress.IPv4Address(value)

@@ -472,3 +472,16 @@ async def test_a_keyed_retry_under_the_reserve_is_answered_its_job(
     with pytest.raises(QueueFull, match="disk nearly full"):
         await sqlite_queue.enqueue(request(2, idempotency_key="other"))
     assert sqlite_queue.write_error is None
+
+
+def test_enqueue_request_init_takes_and_sets_every_field() -> None:
+    """EnqueueRequest's hand-written __init__ (it sets the fields in one step, for speed)
+    takes every field, in order, with its default, and sets each of them."""
+    import dataclasses
+    import inspect
+
+    taken = list(inspect.signature(EnqueueRequest.__init__).parameters.values())[1:]
+    assert [(p.name, dataclasses.MISSING if p.default is p.empty else p.default)
+            for p in taken] == [(f.name, f.default) for f in dataclasses.fields(EnqueueRequest)]
+    made = EnqueueRequest("c", {}, "replay", 1.0, 0.0)
+    assert vars(made) == {f.name: getattr(made, f.name) for f in dataclasses.fields(made)}
