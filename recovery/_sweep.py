@@ -1,8 +1,9 @@
 """The retry sweep: claims due jobs and finishes them exactly once.
 
 It sleeps until the next due job or lease deadline, or until
-:meth:`RetrySweep.wake` (the queue's ``on_enqueue``) wakes it; it never polls
-on a short fixed period. Per job and policy:
+:meth:`RetrySweep.wake` (the queue's ``on_enqueue``) wakes it; with nothing due it
+looks again after a minute, or after ``SHARED_IDLE_S`` for a queue shared by a fleet
+(another host's enqueue wakes nothing here). Per job and policy:
 
 - ``replay``: call again.
 - ``verify_first``: walk the declared effects first. ``verified`` → done
@@ -53,7 +54,7 @@ log = structlog.get_logger("capd.sweep")
 
 
 IDLE_S = 60.0
-SHARED_IDLE_S = 2.0
+SHARED_IDLE_S = 5.0
 """How long the sweep sleeps at most with nothing due: its own queue wakes it on every
 enqueue; a queue shared by a fleet is looked at every ``SHARED_IDLE_S``."""
 

@@ -76,6 +76,14 @@ class Param:
         return _origin(self.info.annotation) in (list, tuple)
 
     @property
+    def words(self) -> bool:
+        """Whether the value is a list of text (which may come as one joined string)."""
+        inner = typing.get_args(self.info.annotation)
+        if typing.get_origin(self.info.annotation) in (typing.Union, types.UnionType):
+            inner = typing.get_args(next(a for a in inner if a is not type(None)))
+        return self.many and inner[:1] == (str,)
+
+    @property
     def kind(self) -> type:
         """The value's type with any ``None`` taken out (``list`` for a list)."""
         return _origin(self.info.annotation)
@@ -169,29 +177,53 @@ def from_wire(model: type[Params], path: dict[str, str], query: dict[str, str],
                 value = body.get(param.key) if isinstance(body, dict) else None
             case _:
                 value = None
-        if isinstance(value, str) and param.arg.at in ("query", "header"):
-            if param.many:
-                value = [v.strip() for v in value.split(",") if v.strip()]
-            elif value == "" and param.kind is not str:
-                value = None
+        if isinstance(value, str) and param.arg.at != "path":
+            if param.words:  # a list may come joined by commas (or spaces, in a body)
+                parts = value.replace(",", " ").split() if param.arg.at == "body" \
+                    else value.split(",")
+                value = [v.strip() for v in parts if v.strip()]
+            elif value == "" and (param.kind is not str or param.choices
+                                  or param.arg.at == "body"):
+                value = None  # an empty value is no value: the default
+        elif isinstance(value, int | float) and not isinstance(value, bool) \
+                and param.kind is str:
+            value = str(value)  # a number where text is taken (a TTL of 3600): its text
         if value is not None:
             values[param.name] = value
     return values
+
+
+MAX_ERRORS = 10
+"""The most problems a 422 lists: what a caller sends may hold any number."""
+
+
+def _too_long(model: type[Params], values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The values longer than their field allows, found before any item is checked (a
+    list of a million wrong items is one problem, not a million)."""
+    return [{"type": "too_long", "loc": [p.name],
+             "msg": f"at most {limit} items, not {len(values[p.name])}"}
+            for p in params_of(model) if isinstance(values.get(p.name), list | dict)
+            for limit in [next((m.max_length for m in p.info.metadata
+                                if getattr(m, "max_length", None) is not None), None)]
+            if limit is not None and len(values[p.name]) > limit]
 
 
 def validate(model: type[P], command: str, path: dict[str, str], query: dict[str, str],
              headers: typing.Mapping[str, str], body: Any) -> P:
     """``model``'s values from a request; :class:`InvalidArguments` (422) names each value
     that does not fit by the name it travelled under."""
+    values = from_wire(model, path, query, headers, body)
+    errors: list[Any]
     try:
-        return model.model_validate(from_wire(model, path, query, headers, body))
+        errors = _too_long(model, values)
+        if not errors:
+            return model.model_validate(values)
     except ValidationError as exc:
-        keys = {p.name: p.key for p in params_of(model) if p.key != "*"}
-        errors = [{**e, "loc": [keys.get(str(e["loc"][0]), e["loc"][0]), *e["loc"][1:]]
-                   if e["loc"] else []}
-                  for e in exc.errors(include_url=False, include_context=False,
-                                         include_input=False)]
-        raise InvalidArguments(command, errors) from None
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    keys = {p.name: "body" if p.key == "*" else p.key for p in params_of(model)}
+    raise InvalidArguments(command, [
+        {**e, "loc": [keys.get(str(e["loc"][0]), e["loc"][0]), *e["loc"][1:]] if e["loc"]
+         else []} for e in errors[:MAX_ERRORS]], more=max(0, len(errors) - MAX_ERRORS))
 
 
 @functools.cache

@@ -63,11 +63,13 @@ def validator_exit(exc: BaseException) -> dict[str, Any]:
 class InvalidArguments(SidecarError):
     """A request's values do not fit its command's parameters (422 with the error list)."""
 
-    def __init__(self, command: str, errors: list[dict[str, Any]]) -> None:
+    def __init__(self, command: str, errors: list[dict[str, Any]], more: int = 0) -> None:
         self.errors = errors
         said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-                         for e in errors)
-        super().__init__(f"{said} (capd {command} --help says what it takes)")
+                         for e in errors[:3])
+        left = len(errors) - 3 + more
+        super().__init__(f"{said}{f'; and {left} more' if left > 0 else ''} (what it takes: "
+                         f"capd {command} --help, or the API reference)")
 
 
 class InvalidTimeout(SidecarError):

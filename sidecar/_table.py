@@ -189,9 +189,11 @@ class CallManyIn(Params):
 
 
 class PreflightIn(Params):
-    # each call is checked on its own: a malformed one is refused by its index
+    # each call is checked on its own: a malformed one is refused by its index (the schema
+    # still shows an agent the shape of one)
     calls: tuple[Any, ...] = arg(..., "The plan's calls, each {capability, params}.",
-                                 at="body", min_length=1, max_length=MAX_PLAN)
+                                 at="body", min_length=1, max_length=MAX_PLAN,
+                                 json_schema_extra={"items": CallItem.model_json_schema()})
 
 
 class ResourceReadIn(Params):

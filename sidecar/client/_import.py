@@ -26,7 +26,9 @@ def _tool_id(name: str) -> str:
 
 
 def _toml(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)  # a JSON string or list is TOML too
+    """``value`` as TOML: a JSON string or list of strings is one, every control or
+    non-ASCII character escaped (nothing the source holds can end a line or a table)."""
+    return json.dumps(value)
 
 
 def _table(tool: str, server: dict[str, Any]) -> str:
@@ -42,12 +44,15 @@ def _table(tool: str, server: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _why_not(name: str, server: Any, known: set[str]) -> str | None:
+def _why_not(name: str, server: Any, known: set[str], taken: dict[str, str]) -> str | None:
     """Why ``server`` cannot be imported (None: it can)."""
     if not isinstance(server, dict):
         return "not an object"
     if _tool_id(name) in known:
         return f"[tools.{_tool_id(name)}] is in capd.toml already"
+    if _tool_id(name) in taken:
+        return (f"its id {_tool_id(name)} is {taken[_tool_id(name)]!r}'s too; rename one "
+                "in the file and import again")
     command, url = server.get("command"), server.get("url")
     if (command is None) == (url is None):
         return "needs exactly one of command (stdio) or url (streamable HTTP)"
@@ -71,20 +76,23 @@ def import_servers(source: Path, config: Path, known: set[str]
     left out with why; raise ValueError when ``source`` holds no servers."""
     try:
         document = json.loads(source.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"{source}: {getattr(exc, 'strerror', None) or exc}") from None
     servers = (document.get("mcpServers") or document.get("servers")
                if isinstance(document, dict) else None)
     if not isinstance(servers, dict) or not servers:
         raise ValueError(f"{source}: no mcpServers (or servers) object in it")
     before = config.read_text(encoding="utf-8") if config.exists() else ""
-    tables, skipped = [], []
+    tables: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    taken: dict[str, str] = {}
     for name, server in servers.items():
-        why = _why_not(name, server, known)
+        why = _why_not(name, server, known, taken)
         if why is None:
             tool = _tool_id(name)
-            known.add(tool)
-            tables.append(f"# imported from {source.name}: {name}\n{_table(tool, server)}")
+            taken[tool] = name
+            tables.append(f"# imported from {_toml(source.name)}: {_toml(name)}\n"
+                          f"{_table(tool, server)}")
         else:
             skipped.append((name, why))
     after = before + ("\n" if before and not before.endswith("\n\n") else "") + "\n".join(tables)

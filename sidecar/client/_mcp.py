@@ -142,13 +142,17 @@ class Link(Protocol):
 
 def _request_of(row: OperatorCommand, tool: str, arguments: dict[str, Any]) -> Wire:
     """The request that carries a tool's arguments to its row; :class:`BadArguments`
-    naming each one that does not fit (as the daemon would, but in the tool's words)."""
+    naming each one that does not fit (as the daemon would, but in the tool's words). An
+    argument its schema does not list is left out, as a model's extra words are."""
+    taken = row.schema()["properties"]
     try:
-        args = row.params.model_validate(arguments)
+        args = row.params.model_validate({k: v for k, v in arguments.items() if k in taken})
     except ValidationError as exc:
-        raise BadArguments("; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in exc.errors(include_url=False)) + f" (see {tool}'s input schema)") from None
+        errors = exc.errors(include_url=False, include_input=False)
+        raise BadArguments("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                                     for e in errors[:3])
+                           + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
+                           + f" (see {tool}'s input schema)") from None
     return to_wire(row.path, row.params, args.model_dump(mode="json", exclude_unset=True))
 
 

@@ -133,11 +133,15 @@ def render_health(body: Any) -> str:
 
 
 def render_list(body: Any, *, wide: bool = False) -> str:
-    """A table of capsules (``wide``: their latency class, tags and aliases too)."""
-    return _columns(("STATE", "CAPABILITY", "LATENCY", "TAGS", "ALIASES", "SUMMARY"), [
+    """A table of capsules (``wide``: their latency class, tags and aliases too), and how
+    to see the next page when there is one."""
+    table = _columns(("STATE", "CAPABILITY", "LATENCY", "TAGS", "ALIASES", "SUMMARY"), [
         (c["state"], c["name"], c.get("latency_class") or "-",
          ",".join(c.get("tags", [])) or "-", ",".join(c.get("aliases", [])) or "-",
          c["summary"]) for c in body["capabilities"]], wide, frozenset({2, 3, 4}))
+    more = body.get("next_cursor")
+    return table if not more else (f"{table}\n... more: capd list --cursor {_cell(more)} "
+                                   "(or --limit up to 1000)")
 
 
 def render_call(body: Any) -> str:

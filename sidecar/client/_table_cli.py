@@ -148,7 +148,8 @@ def _arguments(row: OperatorCommand, args: argparse.Namespace) -> Params:
     try:
         return row.params.model_validate(values)
     except ValidationError as exc:
-        spelt = {p.name: _spelling(p) for p in params_of(row.params)}
+        spelt = {p.name: "--params" if row.takes_params and p.arg.at == "body" else _spelling(p)
+                 for p in params_of(row.params)}
         said = "; ".join(f"{spelt.get(str(e['loc'][0]), e['loc'][0]) if e['loc'] else ''}"
                          f"{''.join(f'[{p}]' for p in e['loc'][1:])}: {e['msg']}"
                          for e in exc.errors(include_url=False))
@@ -324,18 +325,22 @@ def add_table_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _add_param(parser: argparse.ArgumentParser, param: Param) -> None:
-    """``param`` as an argument of its command's parser."""
+    """``param`` as an argument of its command's parser (its help says its default, and
+    that a list takes several values)."""
     info, arg = param.info, param.arg
+    shown = info.default not in (None, False, (), "") and not info.is_required()
+    help = (f"{info.description or ''}{f' (default {info.default})' if shown else ''}"
+            f"{' (repeat it, or separate with commas)' if param.many and arg.flags else ''}")
     if not arg.flags:
         nargs = "*" if arg.rest else None if info.is_required() else "?"
         action = parser.add_argument(param.name, metavar=_metavar(param), nargs=nargs,
-                                     help=info.description)
+                                     help=help)
     elif param.kind is bool and info.default is False:
         action = parser.add_argument(*arg.flags, dest=param.name, action="store_true",
-                                     help=info.description)
+                                     help=help)
     else:
         choices = ("true", "false") if param.kind is bool else param.choices
-        action = parser.add_argument(*arg.flags, dest=param.name, help=info.description,
+        action = parser.add_argument(*arg.flags, dest=param.name, help=help,
                                      action="append" if param.many else "store",
                                      metavar=param.name.upper() if param.many else None,
                                      choices=choices, required=info.is_required())

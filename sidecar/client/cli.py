@@ -25,6 +25,7 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -277,7 +278,7 @@ def _http_entry(args: argparse.Namespace) -> dict[str, Any]:
     if what:  # over HTTP the token is the grant
         raise UsageError(f"--{what[0]} is the bridge's: over --http a token's profile or "
                          "allow list is its reach (capd token create --profile NAME)")
-    if args.client == "claude":
+    if (args.client or "claude") == "claude":
         raise UsageError("Claude Desktop's config file starts local servers only: leave out "
                          "--http (it launches capd mcp), or add the URL as a custom connector "
                          "in its settings")
@@ -303,25 +304,41 @@ def cmd_import(args: argparse.Namespace) -> int:
         echo(f"capd: {exc}", err=True)
         return EXIT_FAILED
     for name, why in skipped:
-        echo(f"capd: left out {name}: {why}", err=True)
+        echo(f"capd: left out {name!r}: {why}", err=True)
     before = config.read_text(encoding="utf-8") if config.exists() else ""
     if after == before:
         echo("capd: nothing to import", err=True)
         return EXIT_FAILED
     echo(diff(config, before, after), end="")
-    trial = config.with_name(f".{config.name}.import")
-    trial.write_text(after, encoding="utf-8")
+    target = config.resolve()  # a capd.toml that is a link: the file it names
     try:  # what is written must load: checked on the new text, beside the file
         from ..server import load_config
 
+        handle, trial_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        trial = Path(trial_name)
+    except OSError as exc:
+        echo(f"capd: cannot write beside {target}: {exc.strerror or exc}", err=True)
+        return EXIT_FAILED
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(after)
+        if target.exists():  # the same mode and owner: a secret in an env stays private
+            mode = target.stat()
+            os.chmod(trial, mode.st_mode & 0o7777)
+            if os.geteuid() == 0:
+                os.chown(trial, mode.st_uid, mode.st_gid)
         load_config(trial)
         if not args.yes and not (sys.stdin.isatty() and input(
                 f"write this to {config}? [y/N] ").strip().lower() in ("y", "yes")):
             echo(f"capd: nothing written (capd import {args.path} --yes writes it)", err=True)
             return EXIT_OK
-        trial.replace(config)
+        trial.replace(target)
     except ConfigError as exc:
-        echo(f"capd: the imported file would not load, nothing written: {exc}", err=True)
+        echo(f"capd: {config} would not load with these, nothing written: "
+             f"{str(exc).replace(str(trial), str(config))}", err=True)
+        return EXIT_FAILED
+    except OSError as exc:
+        echo(f"capd: cannot write {target}: {exc.strerror or exc}", err=True)
         return EXIT_FAILED
     finally:
         trial.unlink(missing_ok=True)
@@ -503,7 +520,8 @@ def make_parser() -> argparse.ArgumentParser:
             mcp.add_argument("--http", metavar="URL", help="the front door's URL instead of "
                              "the bridge ([mcp.http]: http://127.0.0.1:8765/mcp)")
             mcp.add_argument("--token", help="with --http: the bearer token (capd token "
-                             "create); VS Code asks for it when left out")
+                             "create), written into the entry: keep that file private; VS "
+                             "Code asks for it when left out")
         mcp.set_defaults(handler=handler)
 
     imported = add_command(

@@ -203,6 +203,7 @@ class HttpConnection(asyncio.Protocol):
         self._eof = False
         self._done = False  # nothing after the last request is parsed
         self._answered_last = False  # the closing answer is written
+        self._refused = False  # the closing answer is the server's own refusal
         self._lingering_since: float | None = None  # EOF sent after a refusal
         self._feeding = False
         # Received bytes not parsed yet: self._buf[self._pos:].
@@ -577,8 +578,10 @@ class HttpConnection(asyncio.Protocol):
         self._enqueue(self._hooks.too_large())
 
     def _maybe_finish(self) -> None:
-        if self._answered_last and not self._discarding:
+        if self._answered_last and not self._discarding and self._refused:
             self._linger()
+        elif self._answered_last and not self._discarding:
+            self.close()
 
     def _linger(self) -> None:
         """Close after a refusal without losing it: end our side after the answer, then
@@ -626,9 +629,9 @@ class HttpConnection(asyncio.Protocol):
                 if isinstance(item, _Call):
                     if not await self._answer(item):
                         return
-                elif isinstance(item, HttpResponse):
+                elif isinstance(item, HttpResponse):  # a refusal the server makes itself
                     self._write(encode_response(item, keep_alive=False))
-                    self._answered_last = True
+                    self._answered_last = self._refused = True
                     self._maybe_finish()
                     return
                 else:
@@ -721,13 +724,14 @@ class HttpConnection(asyncio.Protocol):
         answered 408 after the answers before it; an idle connection is closed.
         """
         state, flow = self._state, self._flow
-        if self._lingering_since is not None:
-            if now - self._lingering_since > LINGER_S:
-                self.abort()
-            return None
         if flow.write_paused_at is not None and now - flow.write_paused_at > state.idle_timeout_s:
             self.abort()
             return "stalled"
+        if self._lingering_since is not None:  # the refusal sent, the client still there
+            if now - self._lingering_since > LINGER_S \
+                    and not self._transport.get_write_buffer_size():
+                self.abort()
+            return None
         if self._closing:
             return None
         if self._started_at is not None:

@@ -158,7 +158,7 @@ def test_bad_input_gets_clear_errors_and_the_daemon_keeps_serving(start: Start) 
     cases = [
         (raw("POST", "/call/e2e.echo", b"{not json", {}), 400, "malformed JSON body"),
         (raw("POST", "/call/e2e.echo", b"[1, 2]", {}), 422,
-         "arguments: Input should be a valid dictionary"),
+         "body: Input should be a valid dictionary"),
         (raw("POST", "/call/e2e.nope", b"{}", {}), 404, "unknown capability 'e2e.nope'"),
         (raw("POST", "/call/e2e.slow", b'{"seconds": "soon"}', {}), 422,
          "invalid parameters for 'e2e.slow': seconds"),

@@ -144,6 +144,7 @@ def test_vscode_asks_for_the_token_when_it_is_left_out(
     for args, said in ((("--client", "cursor", "--http", url), "needs --token"),
                        (("--client", "claude", "--http", url, "--token", "t"),
                         "starts local servers only"),
+                       (("--http", url, "--token", "t"), "starts local servers only"),
                        (("--client", "vscode", "--http", "localhost:1/mcp"), "front door's URL"),
                        (("--http", url, "--token", "t", "--allow", "e2e.echo"),
                         "a token's profile or allow list is its reach")):

@@ -36,8 +36,8 @@ def test_import_shows_the_diff_writes_on_yes_and_the_servers_serve(tmp_path: Pat
     assert '+command = ["' + TIME_SERVER + '", "--local-timezone", "UTC"]' in shown.stdout
     assert "nothing written" in shown.stderr
     assert config.read_text() == "plugins = []  # kept as it is\n"
-    for said in ("left out remote: sends headers", "left out capd: capd's own bridge",
-                 "left out old: transport 'sse'"):
+    for said in ("left out 'remote': sends headers", "left out 'capd': capd's own bridge",
+                 "left out 'old': transport 'sse'"):
         assert said in shown.stderr
     written = capd("import", "claude_desktop_config.json", "--config", "capd.toml", "--yes",
                    cwd=tmp_path)
@@ -70,3 +70,31 @@ def test_vscode_servers_import_and_a_file_without_servers_is_refused(tmp_path: P
     broken = capd("import", "nope.json", "--config", "capd.toml", cwd=tmp_path)
     assert broken.returncode == 1
     assert "nope.json" in broken.stderr
+
+
+def test_what_a_file_says_cannot_write_tables_and_the_file_keeps_its_mode(
+        tmp_path: Path) -> None:
+    """A name or value holding newlines, quotes or escapes stays inside its string; two
+    names with one id keep the first; the file written keeps its mode, behind a link too."""
+    (tmp_path / "evil.json").write_text(json.dumps({"mcpServers": {
+        'x\n[profiles.pwn]\ncapabilities = ["*"]\n#': {"command": "a\"]\n[peers]", "args": []},
+        "a-b": {"command": "one"}, "a_b": {"command": "two"},
+        "keys": {"command": "srv", "env": {"API_KEY": "s3cr\u00e9t\u001b[2J"}}}}))
+    real = tmp_path / "real.toml"
+    real.write_text("plugins = []\n")
+    real.chmod(0o600)
+    (tmp_path / "capd.toml").symlink_to(real)
+    done = capd("import", "evil.json", "--config", "capd.toml", "--yes", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "capd.toml").is_symlink()
+    assert real.stat().st_mode & 0o777 == 0o600
+    import tomllib
+
+    loaded = tomllib.loads(real.read_text())
+    assert set(loaded) == {"plugins", "tools"}  # no [profiles] or [peers] table came in
+    assert loaded["tools"]["x_profiles_pwn_capabilities"]["command"] == ['a"]\n[peers]']
+    assert loaded["tools"]["a_b"]["command"] == ["one"]
+    assert "its id a_b is 'a-b''s too" in done.stderr
+    assert loaded["tools"]["keys"]["env"] == {"API_KEY": "s3cr\u00e9t\u001b[2J"}
+    assert "\x1b" not in done.stdout  # the diff shows an escape, never sends one
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".real.toml.")]

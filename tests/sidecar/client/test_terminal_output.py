@@ -176,6 +176,16 @@ def test_a_summary_with_a_newline_cannot_draw_a_row() -> None:
     assert lines[1].endswith("fine\\nlive      evil.cap forged")
 
 
+def test_a_list_with_more_pages_says_how_to_see_the_next() -> None:
+    """A page that is not the last ends with the command for the next one (its cursor
+    escaped like any value the daemon sent)."""
+    body = {"capabilities": [{"state": "live", "name": "a.b", "summary": "s"}],
+            "next_cursor": "100"}
+    assert render_list(body).splitlines()[-1] == (
+        "... more: capd list --cursor 100 (or --limit up to 1000)")
+    assert "more" not in render_list({**body, "next_cursor": None})
+
+
 def test_search_rows_escape_summary_missing_tools_and_hints() -> None:
     """A search row escapes the summary, the missing tools and the install hints."""
     hit = {"name": "a.b", "state": "disabled", "score": 0.5, "summary": "s\x1b[0m",
