@@ -207,7 +207,9 @@ async def _talk(proc: asyncio.subprocess.Process, request: dict[str, Any], agent
     assert stdin is not None
     assert stdout is not None
     assert stderr is not None
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+    # an engine that answers without reading its request may be gone already: its answer
+    # still counts (uvloop says a closed pipe with a RuntimeError, asyncio with BrokenPipe)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
         stdin.write(json.dumps(request).encode() + b"\n")
         await stdin.drain()
         stdin.close()

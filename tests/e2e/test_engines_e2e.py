@@ -338,6 +338,23 @@ run_as = "{PEER}"
     assert "run_as 'nobody-xyz': no such user" in json.dumps(failed.body)
 
 
+def test_an_engine_that_answers_without_reading_its_request_is_answered(
+        up: Callable[..., DaemonProcess]) -> None:
+    """An engine may print its answer and exit before capd has written the request to it
+    (its stdin pipe is closed by then): the answer counts, every time."""
+    engine = ["/bin/sh", "-c", """printf '{"ok": true}'"""]
+    daemon = up(f"""
+[agents.hasty]
+description = "An engine that never reads its request."
+capabilities = ["e2e.echo"]
+engine = {json.dumps(engine)}
+""")
+    for _ in range(60):  # bounded: the race it guards against is a matter of timing
+        ran = daemon.call("POST", "/call/agent.hasty", {"goal": "go"})
+        assert ran.status == 200, ran.body.get("message")
+        assert ran.body["result"] == {"ok": True}
+
+
 def test_a_connection_handed_on_by_a_process_that_exited_is_nobodys(
         up: Callable[..., DaemonProcess]) -> None:
     """While a run is in flight, a connection whose connecting process has exited (a

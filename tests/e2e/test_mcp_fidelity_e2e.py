@@ -333,7 +333,7 @@ profile = "nothing"
     assert got.status == 200, got.body
     assert got.body["messages"][0]["content"]["text"] == "Please review: x = 1"
     not_text = daemon.call("POST", "/prompts/full.review", {"code": 1})
-    assert (not_text.status, not_text.body["errors"][0]["loc"]) == (422, ["arguments", "code"])
+    assert (not_text.status, not_text.body["errors"][0]["loc"]) == (422, ["body", "code"])
 
     cli = subprocess.run([PY, "-m", "capd", "resources", "read", "capd://full/memo://logo",
                           "--output-dir", str(short_tmp / "out"), "--socket",
