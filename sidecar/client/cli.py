@@ -20,20 +20,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import shlex
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from capd.registry import CapdError, ConfigError
 
 from .._errors import DaemonDown
 from .._paths import DEFAULT_CONFIG_ENV, capd_version, default_socket_path
+from ._clients import CLIENTS, bridge_profile, cmd_import, cmd_mcp_config
 from ._completion import SHELLS, actions_of
 from ._table_cli import (
     EXIT_FAILED,
@@ -52,7 +51,6 @@ from ._terminal import Document, echo
 
 if TYPE_CHECKING:  # the bridge's module loads the MCP SDK: only `capd mcp` needs it
     from ..server import LoadedConfig
-    from ._mcp import Profile
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program stopped by Ctrl-C
 EXIT_PIPE = 141         # 128 + SIGPIPE, as a shell reports `yes | head -1`
@@ -180,7 +178,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from ._unixhttp import DaemonLink
 
     try:
-        profile = _bridge_profile(args)
+        profile = bridge_profile(args)
     except (UsageError, ConfigError) as exc:
         # An MCP client shows only "connection closed" for a bridge that exits: say why on
         # stderr and as the answer to its initialize, then end.
@@ -211,139 +209,6 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return asyncio.run(main())
-
-
-def _bridge_profile(args: argparse.Namespace) -> Profile | None:
-    """What ``--profile`` or ``--allow`` restricts the bridge to (one of them at most)."""
-    from ._mcp import allow_profile, load_profile
-
-    if args.profile and args.allow:
-        raise UsageError("--profile and --allow both restrict the bridge; pass one of them")
-    if args.allow:
-        try:
-            return allow_profile(args.allow)
-        except ValueError as exc:
-            raise UsageError(f"--allow: {exc}") from None
-    return load_profile(Path(args.profile)) if args.profile else None
-
-
-CLIENTS = ("claude", "claude-code", "cursor", "vscode")
-"""The MCP clients ``capd mcp-config --client`` writes an entry for, in each one's format."""
-
-
-def cmd_mcp_config(args: argparse.Namespace) -> int:
-    """Print the configuration entry an MCP client reads to reach capd: the stdio bridge
-    it launches, or (``--http``) the daemon's front door with a bearer token."""
-    name, server = ("capd", _http_entry(args)) if args.http else _bridge_entry(args)
-    client = args.client or "claude"
-    if client == "vscode":  # .vscode/mcp.json: "servers", each with its type
-        entry: dict[str, Any] = {"servers": {name: {"type": "http" if args.http else "stdio",
-                                                     **server}}}
-        if args.http and not args.token:  # VS Code asks for it once and keeps it secret
-            entry["inputs"] = [{"type": "promptString", "id": "capd-token", "password": True,
-                                "description": "capd bearer token (capd token create)"}]
-    elif client == "claude-code":  # .mcp.json
-        entry = {"mcpServers": {name: {"type": "http" if args.http else "stdio", **server}}}
-    else:  # Claude Desktop's claude_desktop_config.json, Cursor's mcp.json
-        entry = {"mcpServers": {name: server}}
-    print(json.dumps(entry, indent=2))
-    return EXIT_OK
-
-
-def _bridge_entry(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """The bridge as a client launches it: its name and its command line."""
-    command = str(Path(sys.argv[0]).resolve()) if Path(sys.argv[0]).name == "capd" else "capd"
-    arguments = ["mcp", "--socket", str(socket_path(args.socket))]
-    name = "capd"
-    profile = _bridge_profile(args)
-    if args.profile and profile is not None:
-        arguments += ["--profile", str(Path(args.profile).resolve())]
-        name = f"capd-{profile.name}"
-    elif profile is not None:
-        arguments += ["--allow", ",".join(sorted(profile.capabilities))]
-    if args.expose == "direct":
-        arguments += ["--expose", "direct", *(x for t in args.tag or () for x in ("--tag", t))]
-    arguments += [x for flag in ("channel", "tools") if getattr(args, flag)
-                  for x in (f"--{flag}", getattr(args, flag))]
-    return name, {"command": command, "args": arguments}
-
-
-def _http_entry(args: argparse.Namespace) -> dict[str, Any]:
-    """The front door as a client reaches it over HTTP, with its bearer token."""
-    if not re.match(r"^https?://[^/\s]+/\S*$", args.http):
-        raise UsageError(f"--http {args.http!r}: give the front door's URL, e.g. "
-                         "http://127.0.0.1:8765/mcp ([mcp.http] in capd.toml)")
-    what = [flag for flag in ("profile", "allow", "channel", "tools", "tag")
-            if getattr(args, flag)] + (["expose"] if args.expose != "meta" else [])
-    if what:  # over HTTP the token is the grant
-        raise UsageError(f"--{what[0]} is the bridge's: over --http a token's profile or "
-                         "allow list is its reach (capd token create --profile NAME)")
-    if (args.client or "claude") == "claude":
-        raise UsageError("Claude Desktop's config file starts local servers only: leave out "
-                         "--http (it launches capd mcp), or add the URL as a custom connector "
-                         "in its settings")
-    token = args.token or ("${input:capd-token}" if args.client == "vscode" else None)
-    if token is None:
-        raise UsageError(f"--client {args.client or 'claude'} over --http needs --token "
-                         "(capd token create --profile NAME prints one)")
-    return {"url": args.http, "headers": {"Authorization": f"Bearer {token}"}}
-
-
-def cmd_import(args: argparse.Namespace) -> int:
-    """Append the MCP servers of a client's configuration to capd.toml as upstream tools,
-    after showing the diff (and asking, on a terminal, unless --yes)."""
-    import tomllib
-
-    from ._import import diff, import_servers
-
-    config = Path(args.config or os.environ.get(DEFAULT_CONFIG_ENV) or "capd.toml")
-    try:
-        current = tomllib.loads(config.read_text(encoding="utf-8")) if config.exists() else {}
-        after, skipped = import_servers(Path(args.path), config, set(current.get("tools", {})))
-    except (OSError, ValueError) as exc:  # tomllib's error is a ValueError too
-        echo(f"capd: {exc}", err=True)
-        return EXIT_FAILED
-    for name, why in skipped:
-        echo(f"capd: left out {name!r}: {why}", err=True)
-    before = config.read_text(encoding="utf-8") if config.exists() else ""
-    if after == before:
-        echo("capd: nothing to import", err=True)
-        return EXIT_FAILED
-    echo(diff(config, before, after), end="")
-    target = config.resolve()  # a capd.toml that is a link: the file it names
-    try:  # what is written must load: checked on the new text, beside the file
-        from ..server import load_config
-
-        handle, trial_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        trial = Path(trial_name)
-    except OSError as exc:
-        echo(f"capd: cannot write beside {target}: {exc.strerror or exc}", err=True)
-        return EXIT_FAILED
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(after)
-        if target.exists():  # the same mode and owner: a secret in an env stays private
-            mode = target.stat()
-            os.chmod(trial, mode.st_mode & 0o7777)
-            if os.geteuid() == 0:
-                os.chown(trial, mode.st_uid, mode.st_gid)
-        load_config(trial)
-        if not args.yes and not (sys.stdin.isatty() and input(
-                f"write this to {config}? [y/N] ").strip().lower() in ("y", "yes")):
-            echo(f"capd: nothing written (capd import {args.path} --yes writes it)", err=True)
-            return EXIT_OK
-        trial.replace(target)
-    except ConfigError as exc:
-        echo(f"capd: {config} would not load with these, nothing written: "
-             f"{str(exc).replace(str(trial), str(config))}", err=True)
-        return EXIT_FAILED
-    except OSError as exc:
-        echo(f"capd: cannot write {target}: {exc.strerror or exc}", err=True)
-        return EXIT_FAILED
-    finally:
-        trial.unlink(missing_ok=True)
-    echo(f"capd: wrote {config}; capd reload (or capd check) takes the servers in", err=True)
-    return EXIT_OK
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
