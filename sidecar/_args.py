@@ -60,49 +60,53 @@ class Params(BaseModel):
 
 @dataclass(frozen=True)
 class Param:
-    """One field of a row's model with where it travels."""
+    """One field of a row's model with where it travels; what is read of its type is
+    worked out once (the row's params are made once, then read at every request)."""
 
     name: str
     info: FieldInfo
     arg: Arg
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         return self.arg.key or self.name
 
-    @property
-    def many(self) -> bool:
-        """Whether the value is a list (sent joined by commas in a query or header)."""
-        return _origin(self.info.annotation) in (list, tuple)
-
-    @property
-    def words(self) -> bool:
-        """Whether the value is a list of text (which may come as one joined string)."""
-        inner = typing.get_args(self.info.annotation)
-        if typing.get_origin(self.info.annotation) in (typing.Union, types.UnionType):
-            inner = typing.get_args(next(a for a in inner if a is not type(None)))
-        return self.many and inner[:1] == (str,)
-
-    @property
+    @functools.cached_property
     def kind(self) -> type:
         """The value's type with any ``None`` taken out (``list`` for a list)."""
-        return _origin(self.info.annotation)
+        bare = _bare(self.info.annotation)
+        if typing.get_origin(bare) is Literal:
+            return type(typing.get_args(bare)[0])
+        origin = typing.get_origin(bare) or bare
+        return origin if isinstance(origin, type) else object
 
-    @property
+    @functools.cached_property
+    def many(self) -> bool:
+        """Whether the value is a list (sent joined by commas in a query or header)."""
+        return self.kind in (list, tuple)
+
+    @functools.cached_property
+    def words(self) -> bool:
+        """Whether the value is a list of text (which may come as one joined string)."""
+        return self.many and typing.get_args(_bare(self.info.annotation))[:1] == (str,)
+
+    @functools.cached_property
     def choices(self) -> tuple[str, ...] | None:
-        args = [a for a in typing.get_args(self.info.annotation) if a is not type(None)]
-        literal = self.info.annotation if typing.get_origin(self.info.annotation) is Literal \
-            else next((a for a in args if typing.get_origin(a) is Literal), None)
-        return tuple(typing.get_args(literal)) if literal is not None else None
+        bare = _bare(self.info.annotation)
+        return tuple(typing.get_args(bare)) if typing.get_origin(bare) is Literal else None
+
+    @functools.cached_property
+    def max_length(self) -> int | None:
+        """The most items the value may hold (None: no bound)."""
+        return next((m.max_length for m in self.info.metadata
+                     if getattr(m, "max_length", None) is not None), None)
 
 
-def _origin(annotation: Any) -> type:
+def _bare(annotation: Any) -> Any:
+    """``annotation`` with ``| None`` taken out."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    if typing.get_origin(annotation) is Literal:
-        return type(typing.get_args(annotation)[0])
-    origin = typing.get_origin(annotation) or annotation
-    return origin if isinstance(origin, type) else object
+        return next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
 
 
 @functools.cache
@@ -201,11 +205,10 @@ def _too_long(model: type[Params], values: dict[str, Any]) -> list[dict[str, Any
     """The values longer than their field allows, found before any item is checked (a
     list of a million wrong items is one problem, not a million)."""
     return [{"type": "too_long", "loc": [p.name],
-             "msg": f"at most {limit} items, not {len(values[p.name])}"}
-            for p in params_of(model) if isinstance(values.get(p.name), list | dict)
-            for limit in [next((m.max_length for m in p.info.metadata
-                                if getattr(m, "max_length", None) is not None), None)]
-            if limit is not None and len(values[p.name]) > limit]
+             "msg": f"at most {p.max_length} items, not {len(values[p.name])}"}
+            for p in params_of(model) if p.max_length is not None
+            and isinstance(values.get(p.name), list | dict)
+            and len(values[p.name]) > p.max_length]
 
 
 def validate(model: type[P], command: str, path: dict[str, str], query: dict[str, str],

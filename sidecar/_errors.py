@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from capd.registry import CapdError
@@ -60,16 +61,25 @@ def validator_exit(exc: BaseException) -> dict[str, Any]:
                    f"({exc}); check the values against its description"}
 
 
+def problems_said(errors: Sequence[Mapping[str, Any]], names: Mapping[str, str] | None = None,
+                  more: int = 0) -> str:
+    """Pydantic's problems as a sentence: the first three, each at the value it names
+    (``names``: how the caller spells a field), and how many more."""
+    names = names or {}
+    said = "; ".join(
+        ".".join([names.get(str(e["loc"][0]), str(e["loc"][0])), *map(str, e["loc"][1:])])
+        + f": {e['msg']}" if e["loc"] else f"body: {e['msg']}" for e in errors[:3])
+    left = len(errors) - 3 + more
+    return f"{said}; and {left} more" if left > 0 else said
+
+
 class InvalidArguments(SidecarError):
     """A request's values do not fit its command's parameters (422 with the error list)."""
 
     def __init__(self, command: str, errors: list[dict[str, Any]], more: int = 0) -> None:
         self.errors = errors
-        said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-                         for e in errors[:3])
-        left = len(errors) - 3 + more
-        super().__init__(f"{said}{f'; and {left} more' if left > 0 else ''} (what it takes: "
-                         f"capd {command} --help, or the API reference)")
+        super().__init__(f"{problems_said(errors, more=more)} (what it takes: capd {command} "
+                         "--help, or the API reference)")
 
 
 class InvalidTimeout(SidecarError):

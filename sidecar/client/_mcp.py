@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from capd.registry import ConfigError, is_valid_reference, without_mark
 
 from .._args import Wire, to_wire
-from .._errors import DaemonDown
+from .._errors import DaemonDown, problems_said
 from .._table import COMMANDS, MAX_PAGE, OperatorCommand
 from ._unixhttp import OnChunk
 
@@ -148,11 +148,8 @@ def _request_of(row: OperatorCommand, tool: str, arguments: dict[str, Any]) -> W
     try:
         args = row.params.model_validate({k: v for k, v in arguments.items() if k in taken})
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        raise BadArguments("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                                     for e in errors[:3])
-                           + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
-                           + f" (see {tool}'s input schema)") from None
+        raise BadArguments(f"{problems_said(exc.errors(include_url=False))} (see {tool}'s "
+                           "input schema)") from None
     return to_wire(row.path, row.params, args.model_dump(mode="json", exclude_unset=True))
 
 

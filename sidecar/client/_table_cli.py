@@ -21,6 +21,7 @@ from urllib.parse import quote, urlencode
 from pydantic import ValidationError
 
 from .._args import Param, Params, params_of, to_wire
+from .._errors import problems_said
 from .._paths import default_socket_path, find_socket
 from .._table import COMMANDS, OperatorCommand
 from ._client import request
@@ -150,11 +151,8 @@ def _arguments(row: OperatorCommand, args: argparse.Namespace) -> Params:
     except ValidationError as exc:
         spelt = {p.name: "--params" if row.takes_params and p.arg.at == "body" else _spelling(p)
                  for p in params_of(row.params)}
-        said = "; ".join(f"{spelt.get(str(e['loc'][0]), e['loc'][0]) if e['loc'] else ''}"
-                         f"{''.join(f'[{p}]' for p in e['loc'][1:])}: {e['msg']}"
-                         for e in exc.errors(include_url=False))
         parser: argparse.ArgumentParser = args.parser
-        parser.error(said)
+        parser.error(problems_said(exc.errors(include_url=False), spelt))
 
 
 def _spelling(param: Param) -> str:
