@@ -12,12 +12,10 @@ listed with why.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,10 +83,13 @@ def _why_not(name: str, server: Any, known: set[str], taken: dict[str, str]) -> 
     return None
 
 
-def import_servers(source: Path, config: Path, known: set[str]
-                   ) -> tuple[str, list[tuple[str, str]]]:
-    """The text ``config`` would have with ``source``'s servers appended, and what was
-    left out with why; raise ValueError when ``source`` holds no servers."""
+def import_servers(source: Path, before: str) -> tuple[str, list[tuple[str, str]]]:
+    """The text a capd.toml holding ``before`` would have with ``source``'s servers
+    appended, and what was left out with why; raise ValueError when ``source`` holds no
+    servers, or ``before`` is no TOML (tomllib's error is a ValueError)."""
+    import tomllib  # here, not at every start of the CLI
+
+    known = set(tomllib.loads(before).get("tools", {}))
     try:
         document = json.loads(source.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
@@ -97,7 +98,6 @@ def import_servers(source: Path, config: Path, known: set[str]
                if isinstance(document, dict) else None)
     if not isinstance(servers, dict) or not servers:
         raise ValueError(f"{source}: no mcpServers (or servers) object in it")
-    before = config.read_text(encoding="utf-8") if config.exists() else ""
     tables: list[str] = []
     skipped: list[tuple[str, str]] = []
     taken: dict[str, str] = {}
@@ -116,6 +116,8 @@ def import_servers(source: Path, config: Path, known: set[str]
 
 def diff(config: Path, before: str, after: str) -> str:
     """``before`` → ``after`` as a unified diff of ``config``."""
+    import difflib
+
     return "".join(difflib.unified_diff(before.splitlines(keepends=True),
                                         after.splitlines(keepends=True),
                                         f"{config} (now)", f"{config} (imported)"))
@@ -200,18 +202,17 @@ def _http_entry(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_import(args: argparse.Namespace) -> int:
     """Append the MCP servers of a client's configuration to capd.toml as upstream tools,
     after showing the diff (and asking, on a terminal, unless --yes)."""
-    import tomllib
+    import tempfile
 
     config = Path(args.config or os.environ.get(DEFAULT_CONFIG_ENV) or "capd.toml")
     try:
-        current = tomllib.loads(config.read_text(encoding="utf-8")) if config.exists() else {}
-        after, skipped = import_servers(Path(args.path), config, set(current.get("tools", {})))
-    except (OSError, ValueError) as exc:  # tomllib's error is a ValueError too
+        before = config.read_text(encoding="utf-8") if config.exists() else ""
+        after, skipped = import_servers(Path(args.path), before)
+    except (OSError, ValueError) as exc:
         echo(f"capd: {exc}", err=True)
         return EXIT_FAILED
     for name, why in skipped:
         echo(f"capd: left out {name!r}: {why}", err=True)
-    before = config.read_text(encoding="utf-8") if config.exists() else ""
     if after == before:
         echo("capd: nothing to import", err=True)
         return EXIT_FAILED

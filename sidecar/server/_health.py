@@ -40,12 +40,13 @@ class _Report:
         if note:
             self.notes.append(note)
 
-    def check(self, key: str, kind: str, status: str, note: str | None = None,
-              **fields: Any) -> None:
-        """Record one check and count it; its note is its output too."""
+    def check(self, key: str, kind: str, status: str, output: str | None = None,
+              note: str | None = None, **fields: Any) -> None:
+        """Record one check and count it; what it says is the report's note too, unless
+        it has a note of its own."""
         self.checks[key] = [{"componentType": kind, "status": status,
-                             **({"output": note} if note else {}), **fields}]
-        self.say(status, note)
+                             **({"output": output} if output else {}), **fields}]
+        self.say(status, note or output)
 
 
 async def health(ctx: Context, _: Params) -> Reply:
@@ -69,9 +70,8 @@ async def health(ctx: Context, _: Params) -> Reply:
         report.say("warn", f"{len(disabled)} capability(ies) disabled")
     if snap.errors and operator:
         report.check("declarations:errors", "component", "warn",
-                     observedValue=len(snap.errors),
-                     output="; ".join(str(e) for e in snap.errors))
-        report.notes.append(f"{len(snap.errors)} declaration error(s)")
+                     "; ".join(str(e) for e in snap.errors),
+                     f"{len(snap.errors)} declaration error(s)", observedValue=len(snap.errors))
     lag = d.loop_lag_s
     stalled = lag > d.stall_threshold_s
     report.checks["event-loop:lag"] = [{
@@ -110,14 +110,14 @@ async def _queue_health(d: Services) -> _Report:
     try:
         stats = await d.queue_stats()
     except RecoveryError as exc:
-        report.check("queue:usable", "datastore", "fail", str(exc))
-        report.notes[-1] = f"retry queue unusable: {exc}"
+        report.check("queue:usable", "datastore", "fail", str(exc),
+                     f"retry queue unusable: {exc}")
         return report
     # A queue that reads but cannot write (a full disk) cannot accept a failed write.
     write_error = d.queue.write_error or (d.sweep.storage_error if d.sweep else None)
     if write_error:
-        report.check("queue:writable", "datastore", "fail", write_error)
-        report.notes[-1] = f"retry queue cannot write: {write_error}"
+        report.check("queue:writable", "datastore", "fail", write_error,
+                     f"retry queue cannot write: {write_error}")
     _disk_health(d, report)
     dead, parked = stats.by_state["dead"], stats.by_state["needs_operator"]
     stuck = (f"{dead} dead and {parked} job(s) needing an operator (capd queue list)"
