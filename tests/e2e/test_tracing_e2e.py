@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 from capd.recovery import tracing
 from tests.helpers.daemon import DaemonProcess, write_e2e_config
+from tests.helpers.servers import QuietHandler, ThreadedHttp
 
 pytestmark = pytest.mark.slow  # the real daemon as a process
 
@@ -42,7 +42,7 @@ class Receiver:
         lock = self._lock = threading.Lock()
         spans, paths = self.spans, self.paths
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 request = ExportTraceServiceRequest()
@@ -68,12 +68,8 @@ class Receiver:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = ThreadedHttp(Handler).start()
+        self.url = f"http://127.0.0.1:{self._server.port}"
 
     def named(self, name: str, timeout: float = 15.0, at_least: int = 1
               ) -> list[dict[str, Any]]:
@@ -89,8 +85,7 @@ class Receiver:
             raise AssertionError(f"no span {name!r}; got {[s['name'] for s in self.spans]}")
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
 def _value(value: Any) -> Any:

@@ -12,11 +12,12 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from capd.sidecar.client._client import Response, request
+
+from .servers import QuietHandler, ThreadedHttp
 
 
 class DaemonProcess:
@@ -132,34 +133,21 @@ class DaemonProcess:
         self._close()
 
 
-class FlipServer:
+class FlipServer(ThreadedHttp):
     """A real HTTP server on 127.0.0.1 (in a thread) whose /health flips on command."""
 
     def __init__(self) -> None:
         self.healthy = True
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 status = 200 if outer.healthy else 503
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> FlipServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 E2E_PACK = '''

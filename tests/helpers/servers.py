@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, Self
 
 from aiohttp import web as aioweb
 
@@ -11,6 +14,37 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
 TESTS = ROOT / "tests"
 """The tests' folder: fixtures, golden files, the npm MCP servers."""
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing (the tests' output is theirs)."""
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+class ThreadedHttp:
+    """A real threaded HTTP server on 127.0.0.1 answering with ``handler``; served from
+    ``with`` (or :meth:`start`) until its end (or :meth:`close`)."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> Self:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class HttpServer:

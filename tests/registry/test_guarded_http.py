@@ -13,10 +13,8 @@ import errno
 import socket
 import ssl
 import textwrap
-import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ from capd.registry import (
 from capd.sidecar.client._client import request
 from tests.helpers.daemon import DaemonProcess
 from tests.helpers.fakes import make_registry
+from tests.helpers.servers import QuietHandler, ThreadedHttp
 from tests.helpers.text import fullwidth
 
 ALLOW_ONE = ["127.0.0.1/32"]  # 127.0.0.1 plays a public address; 127.0.0.2 stays inside
@@ -494,31 +493,18 @@ summary = "Fetch a link with the guarded client."
 '''
 
 
-class RedirectServer:
+class RedirectServer(ThreadedHttp):
     """A real threaded HTTP server on 127.0.0.1 that redirects every request to ``to``."""
 
     def __init__(self, to: str) -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 self.send_response(302)
                 self.send_header("Location", to)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> RedirectServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture
