@@ -18,14 +18,14 @@ land without them (a test asks every subcommand for them).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
 from capd.registry import LatencyClass, Safety
 
-from ._args import Params, arg, input_schema
+from ._args import Params, arg, input_schema, params_of
 
 ProviderFormat = Literal["openai", "anthropic", "mcp"]
 PROVIDER_FORMATS: tuple[ProviderFormat, ...] = get_args(ProviderFormat)
@@ -85,10 +85,11 @@ class OperatorCommand:
     # "agent" (a peer bound by [[peers]], one narrowed by capd mcp --allow, or an
     # allow_uids peer that is no operator). Set for every row from ROLES below.
     roles: tuple[str, ...] = ()
-    path_params: tuple[str, ...] = field(init=False)
-
     def __post_init__(self) -> None:
-        object.__setattr__(self, "path_params", tuple(re.findall(r"\{(\w+)\}", self.path)))
+        placed = {p.key for p in params_of(self.params) if p.arg.at == "path"}
+        if placed != set(re.findall(r"\{(\w+)\}", self.path)):
+            raise ValueError(f"row {self.id}: its path {self.path} and its parameters' path "
+                             f"fields ({', '.join(sorted(placed)) or 'none'}) must name the same")
         if self.operator_only is not None and (self.mcp or self.optional_mcp) is not None:
             raise ValueError(f"row {self.id}: an operator-only row is never an MCP tool")
         if self.mcp is not None and self.optional_mcp is not None:

@@ -119,3 +119,17 @@ def test_the_docs_policy_table_is_the_operator_table() -> None:
     start = readme.index("<!-- role-table:start -->\n") + len("<!-- role-table:start -->\n")
     end = readme.index("\n<!-- role-table:end -->")
     assert readme[start:end] == role_table()
+
+
+def test_a_rows_path_and_its_path_parameters_name_the_same() -> None:
+    """A path placeholder with no parameter to fill it, or a path parameter the path does
+    not hold, is refused when the row is made."""
+    import pytest
+
+    from capd.sidecar._table import JobIn, OperatorCommand
+
+    with pytest.raises(ValueError, match="its path /queue/{job} and its parameters' path "
+                                         r"fields \(id\) must name the same"):
+        OperatorCommand("x", "X.", "GET", "/queue/{job}", ("x",), "queue_show", params=JobIn)
+    with pytest.raises(ValueError, match=r"fields \(none\)"):
+        OperatorCommand("x", "X.", "GET", "/queue/{id}", ("x",), "queue_show")
